@@ -1,0 +1,192 @@
+"""What every ML-tracker bridge shares: turning OTel data back into (step, key, value) records.
+
+Bridges are plain, synchronous OTel exporters.  They work on any ``MetricsData``:
+
+* from the otel-tracking facade, one batch per ``log()`` call, whose first metric is the step gauge
+  ``train.step`` and whose other gauges are named exactly as the caller wrote the keys;
+* from someone else's ``PeriodicExportingMetricReader``: then the step is the value of a
+  ``train.step`` gauge if the app records one, else the number of exports so far.  A metric with
+  several attribute sets becomes one key per set, ``name{k=v,...}``.  Histograms are skipped; sums
+  and gauges are logged by value.
+
+Threads, queues and retries are not the bridges' business: the layer around them owns those.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    Sum,
+)
+
+from otel_tracking import settings
+from otel_tracking.spans import STEP_ATTRIBUTE
+from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC
+from otel_tracking.values import decode_others
+
+
+@dataclass(frozen=True)
+class BridgeContext:
+    """What a bridge needs to open its backend's run.  ``config`` is already redacted; ``env`` is the
+    environment mapping the run's settings were read from (bridges read their backend's own
+    variables, e.g. WANDB_ENTITY, from it and from nowhere else)."""
+
+    project: str
+    experiment: str
+    config: Any = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    run_id: str | None = None
+
+    @classmethod
+    def from_env(cls) -> BridgeContext:
+        """For exporters built with no arguments by a plain OTel SDK setup."""
+        project, experiment = settings.identity_from_env()
+        return cls(project=project, experiment=experiment, env=os.environ)
+
+
+@dataclass
+class BridgeParts:
+    """One backend's exporters, sharing that backend's session, as ``open_bridge`` returns them."""
+
+    metrics: MetricExporter | None = None
+    spans: Any = None  # SpanExporter
+    logs: Any = None  # LogRecordExporter
+    finish: Callable[[int], None] | None = None  # ends the backend's run with the exit code
+    where: str | None = None  # where the data went, for the end-of-run summary
+
+# Gauges only report what was set since the last collection under DELTA: a key logged every 10 steps
+# must not reappear at every step.
+DELTA_FOR_ALL: dict[type, AggregationTemporality] = {}
+
+
+def _delta_for_all() -> dict[type, AggregationTemporality]:
+    if not DELTA_FOR_ALL:
+        from opentelemetry.sdk.metrics import (
+            Counter,
+            Histogram,
+            ObservableCounter,
+            ObservableGauge,
+            ObservableUpDownCounter,
+            UpDownCounter,
+        )
+        from opentelemetry.sdk.metrics._internal.instrument import _Gauge
+
+        for kind in (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter,
+                     ObservableGauge, _Gauge):
+            DELTA_FOR_ALL[kind] = AggregationTemporality.DELTA
+    return DELTA_FOR_ALL
+
+
+@dataclass
+class StepRecord:
+    """One log() call as a bridge sees it."""
+
+    step: int
+    scalars: dict[str, int | float]
+    others: dict[str, Any] = field(default_factory=dict)
+    time_unix_nano: int = 0
+
+
+def _series_key(name: str, attributes: Any) -> str:
+    if not attributes:
+        return name
+    return name + "{" + ",".join(f"{k}={v}" for k, v in sorted(attributes.items())) + "}"
+
+
+class StepMetricExporter(MetricExporter):
+    """Base class of the ML bridges' metric exporters: subclasses implement :meth:`write`."""
+
+    def __init__(self) -> None:
+        super().__init__(preferred_temporality=_delta_for_all(), preferred_aggregation={})
+        self._exports = itertools.count()
+
+    def records(self, metrics_data: MetricsData) -> Iterator[StepRecord]:
+        export_index = next(self._exports)
+        for resource_metrics in metrics_data.resource_metrics:
+            step: int | None = None
+            record = StepRecord(step=0, scalars={})
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    data = metric.data
+                    if not isinstance(data, (Gauge, Sum)):
+                        continue
+                    for point in data.data_points:
+                        if step is None and metric.name == STEP_METRIC:
+                            step = int(point.value)
+                            record.time_unix_nano = point.time_unix_nano
+                            others = point.attributes.get(OTHERS_ATTRIBUTE) if point.attributes else None
+                            if others:
+                                record.others = decode_others(str(others))
+                            continue
+                        record.scalars[_series_key(metric.name, point.attributes)] = point.value
+                        record.time_unix_nano = record.time_unix_nano or point.time_unix_nano
+            if step is None and not record.scalars:
+                continue
+            record.step = export_index if step is None else step
+            yield record
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        for record in self.records(metrics_data):
+            self.write(record)
+        return MetricExportResult.SUCCESS
+
+    def write(self, record: StepRecord) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+def finite_only(scalars: dict[str, int | float]) -> dict[str, int | float]:
+    """For backends that cannot store NaN/inf."""
+    return {k: v for k, v in scalars.items() if not (isinstance(v, float) and not math.isfinite(v))}
+
+
+def span_duration_s(span: Any) -> float:
+    if span.end_time is None or span.start_time is None:
+        return 0.0
+    return (span.end_time - span.start_time) / 1e9
+
+
+TIMING_PREFIX = "timing_s/state/"
+
+
+def span_timing(span: Any, fallback_step: int) -> tuple[int, str, float]:
+    """(step, key, seconds) for a finished ``trace_state`` span, as ML trackers receive it:
+    ``timing_s/state/<span name>`` at the span's ``ml.step`` attribute (the step in progress
+    when the span started), else at ``fallback_step``.  Several spans of one name in one step
+    each write the key once; backends keep or merge them as they do for any repeated key."""
+    attributes = span.attributes or {}
+    raw = attributes.get(STEP_ATTRIBUTE)
+    step = int(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else fallback_step
+    return step, TIMING_PREFIX + span.name, span_duration_s(span)
+
+
+def hex_id(value: int | None, width: int) -> str | None:
+    return None if value is None else format(value, f"0{width}x")
+
+
+__all__: Sequence[str] = [
+    "BridgeContext",
+    "BridgeParts",
+    "StepMetricExporter",
+    "StepRecord",
+    "finite_only",
+    "hex_id",
+    "span_duration_s",
+    "span_timing",
+]

@@ -1,0 +1,33 @@
+"""Console sink: verl's line format, one line per log() call.
+
+``step:{step} - key:value - ...`` with only number values, each formatted as ``pprint.pformat``
+does (so ``0.1``, ``True``, ``nan``), in the order the caller logged them.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from otel_tracking.exporters._base import StepMetricExporter, StepRecord
+
+
+def format_line(record: StepRecord) -> str:
+    # pprint.pformat of an int, float or bool is its repr; repr directly is ~10x cheaper.
+    parts = [f"step:{record.step}"]
+    parts.extend(f"{key}:{value!r}" for key, value in record.scalars.items())
+    return " - ".join(parts)
+
+
+class ConsoleMetricExporter(StepMetricExporter):
+    def __init__(self, out: TextIO | None = None) -> None:
+        super().__init__()
+        self._out = out
+
+    def write(self, record: StepRecord) -> None:
+        out = self._out or sys.stdout  # resolved per call so pytest's capsys and redirects work
+        out.write(format_line(record) + "\n")
+        out.flush()
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None

@@ -1,0 +1,39 @@
+"""otel-tracking: OpenTelemetry-native experiment tracking for ML training.
+
+``from otel_tracking import Tracking`` is a drop-in for verl's tracking facade.  Names are
+imported lazily, so ``import otel_tracking`` stays fast and imports no tracker SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Tracking": "otel_tracking.facade",
+    "trace_state": "otel_tracking.spans",
+    "RLInsightLogger": "otel_tracking.rl_insight",
+    "ValidationGenerationsLogger": "otel_tracking.generations",
+    "DapoFilteredRewardTableLogger": "otel_tracking.generations",
+    "ConfigError": "otel_tracking.settings",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:
+    from otel_tracking.facade import Tracking
+    from otel_tracking.generations import DapoFilteredRewardTableLogger, ValidationGenerationsLogger
+    from otel_tracking.rl_insight import RLInsightLogger
+    from otel_tracking.settings import ConfigError
+    from otel_tracking.spans import trace_state
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'otel_tracking' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,143 @@
+"""``Tracking``: verl's tracking facade, on OpenTelemetry.
+
+A drop-in for ``verl.utils.tracking.Tracking``: same constructor, ``log(data, step, backend=None)``,
+``finish(exit_code=0)``, ``supported_backend`` and the deprecated ``tracking`` alias.  Differences,
+all deliberate:
+
+* an unknown backend raises ``ValueError`` listing the supported names (the reference asserted);
+* ``config=None`` works with every backend;
+* ``with Tracking(...) as t:`` finishes on exit, with exit code 1 when the block raised;
+* a run that was never finished is finished once at interpreter exit, after its exporters flushed;
+* ``finish()`` returns per-sink delivery counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+from otel_tracking.pipeline import Sink
+from otel_tracking.registry import SUPPORTED_BACKENDS, build_env_sinks, build_otlp_sinks, build_sink
+from otel_tracking.rl_insight import RLInsightLogger
+from otel_tracking.run import Run
+from otel_tracking.settings import ConfigError, build_settings
+
+logger = logging.getLogger("otel_tracking")
+
+
+def _backend_names(default_backend: str | Iterable[str]) -> list[str]:
+    requested = [default_backend] if isinstance(default_backend, str) else list(default_backend)
+    names: list[str] = []
+    for backend in requested:
+        if backend == "tracking":
+            warnings.warn("`tracking` logger is deprecated. use `wandb` instead.", DeprecationWarning, stacklevel=3)
+            backend = "wandb"
+        elif backend not in SUPPORTED_BACKENDS:
+            raise ValueError(
+                f"{backend!r} is not a supported tracking backend; supported: {', '.join(SUPPORTED_BACKENDS)}"
+            )
+        if backend not in names:
+            names.append(backend)
+    return names
+
+
+class Tracking:
+    """Log experiment data to ML trackers and to OpenTelemetry at once."""
+
+    supported_backend = list(SUPPORTED_BACKENDS)
+
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        default_backend: str | list[str] = "console",
+        config: Any = None,
+    ) -> None:
+        self._run: Run | None = None
+        self._finished = False
+        names = _backend_names(default_backend)
+        insight = "rl_insight" in names and RLInsightLogger.enabled()
+        settings = build_settings(str(project_name), str(experiment_name), tuple(names), force_otlp=insight)
+        built: list[Sink] = []
+        try:
+            for name in names:
+                if name != "rl_insight":
+                    built.append(_build(name, settings, config))
+            step_sinks, periodic = build_env_sinks(settings, config, taken=names)
+            built.extend(step_sinks)
+            built.extend(periodic)
+            otlp = build_otlp_sinks(settings)
+        except BaseException:
+            for sink in built:
+                sink.finish(1)
+            raise
+        sinks = [s for s in built if s not in periodic]
+        self.logger: dict[str, Sink] = {sink.name: sink for sink in built}
+        self._run = Run(settings, sinks, otlp_sinks=otlp, periodic_sinks=periodic)
+        if insight:
+            RLInsightLogger.attach(self._run, config)
+
+    # --- the verl API ----------------------------------------------------------------------------
+
+    def log(self, data: Mapping[str, Any], step: int, backend: str | Iterable[str] | None = None) -> None:
+        if self._run is None:
+            return
+        backends = None if backend is None else ([backend] if isinstance(backend, str) else list(backend))
+        self._run.log(data, step, backends)
+
+    def finish(self, exit_code: int = 0) -> dict[str, dict[str, int]]:
+        """Flush and finalize every configured backend exactly once; returns per-sink counts
+        (delivered, failed, retried, spooled, dropped)."""
+        if self._run is None:
+            return {}
+        first = not self._finished
+        self._finished = True
+        stats = self._run.finish(exit_code)
+        if first and RLInsightLogger._run is self._run:
+            RLInsightLogger.finish()
+        if first:
+            for name, counts in stats.items():
+                if counts["failed"] or counts["dropped"]:
+                    logger.warning("otel-tracking: sink %r: %s", name, counts)
+        return stats
+
+    # --- beyond the reference --------------------------------------------------------------------
+
+    @property
+    def run_id(self) -> str | None:
+        return self._run.settings.run_id if self._run else None
+
+    def where(self) -> dict[str, str]:
+        """Where each sink wrote, for humans."""
+        if self._run is None:
+            return {}
+        return {s.name: s.where or "" for s in [*self._run.sinks, *self._run.observability_sinks]}
+
+    def __enter__(self) -> Tracking:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.finish(exit_code=0 if exc_type is None else 1)
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "_run", None) is not None and not self._finished:
+                self.finish()
+        except Exception:  # never raise from a finalizer
+            pass
+
+
+def _build(name: str, settings: Any, config: Any) -> Sink:
+    try:
+        return build_sink(name, settings, config)
+    except ModuleNotFoundError as error:
+        raise ConfigError(
+            f"backend {name!r} needs the {error.name!r} package: pip install 'otel-tracking[{name}]'"
+        ) from error
+    except OSError as error:
+        raise ConfigError(f"backend {name!r} cannot write where it should: {error}") from error

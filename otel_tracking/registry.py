@@ -1,0 +1,171 @@
+"""Backend names to sinks.
+
+The facade's ``default_backend`` names (verl's ten) and the names in ``OTEL_*_EXPORTER`` both
+resolve here.  Each ML bridge lives in ``otel_tracking.exporters.<module>`` and exposes
+``open_bridge(BridgeContext) -> BridgeParts``; it is imported only when its backend is asked for,
+so ``import otel_tracking`` never imports a tracker's SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from typing import Any
+
+from otel_tracking.pipeline import Sink
+from otel_tracking.redact import redact_config
+from otel_tracking.settings import ConfigError, Settings, describe_otlp
+
+SUPPORTED_BACKENDS: tuple[str, ...] = (
+    "wandb",
+    "mlflow",
+    "swanlab",
+    "vemlp_wandb",
+    "tensorboard",
+    "console",
+    "clearml",
+    "trackio",
+    "file",
+    "rl_insight",
+)
+
+# backend name -> module under otel_tracking.exporters
+_BRIDGES = {
+    "wandb": "wandb",
+    "vemlp_wandb": "vemlp_wandb",
+    "mlflow": "mlflow",
+    "swanlab": "swanlab",
+    "tensorboard": "tensorboard",
+    "clearml": "clearml",
+    "trackio": "trackio",
+}
+_GROUPS = {
+    "metrics": "opentelemetry_metrics_exporter",
+    "traces": "opentelemetry_traces_exporter",
+    "logs": "opentelemetry_logs_exporter",
+}
+
+
+def build_sink(name: str, settings: Settings, config: Any) -> Sink:
+    """The sink for one of our backend names (not ``rl_insight``, which is the OTLP path)."""
+    if name == "file":
+        from otel_tracking.exporters.file import FileLogExporter, FileMetricExporter, FileSink, FileSpanExporter
+
+        assert settings.file_path is not None
+        files = FileSink(settings.file_path)
+        files.open()  # fail now on an unwritable directory, as the reference did
+        print(f"Creating file logger at {files.path.resolve()}")
+        return Sink(
+            "file",
+            metrics=FileMetricExporter(files),
+            spans=FileSpanExporter(files),
+            logs=FileLogExporter(files),
+            where=f"{files.path.resolve()} (metrics), {files.events_path.resolve()} (spans, events)",
+        )
+    if name == "console":
+        from otel_tracking.exporters.console import ConsoleMetricExporter
+
+        return Sink("console", metrics=ConsoleMetricExporter(), where="stdout")
+    module_name = _BRIDGES.get(name)
+    if module_name is None:
+        raise ConfigError(f"{name!r} is not a backend; supported: {', '.join(SUPPORTED_BACKENDS)}")
+    from otel_tracking.exporters._base import BridgeContext
+
+    module = importlib.import_module(f"otel_tracking.exporters.{module_name}")
+    context = BridgeContext(
+        project=settings.project,
+        experiment=settings.experiment,
+        config=redact_config(config),
+        env=settings.env,
+        run_id=settings.run_id,
+    )
+    parts = module.open_bridge(context)
+    return Sink(name, metrics=parts.metrics, spans=parts.spans, logs=parts.logs, on_finish=parts.finish,
+                where=parts.where, named_events_only=True)
+
+
+def build_otlp_sinks(settings: Settings) -> dict[str, Sink]:
+    """OTLP exporters for the signals the settings turn on; they read endpoint, headers and TLS
+    from the standard OTEL_EXPORTER_OTLP_* variables themselves."""
+    otlp = settings.otlp
+    if not otlp.any:
+        return {}
+    if otlp.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter  # type: ignore[assignment]
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
+            OTLPMetricExporter,
+        )
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
+
+    where = describe_otlp(settings)
+    sinks: dict[str, Sink] = {}
+    if otlp.metrics:
+        sinks["metrics"] = Sink("otlp-metrics", metrics=OTLPMetricExporter(), where=where)
+    if otlp.traces:
+        sinks["traces"] = Sink("otlp-traces", spans=OTLPSpanExporter(), where=where)
+    if otlp.logs:
+        sinks["logs"] = Sink("otlp-logs", logs=OTLPLogExporter(), where=where)
+    return sinks
+
+
+def build_env_sinks(settings: Settings, config: Any, taken: Iterable[str]) -> tuple[list[Sink], list[Sink]]:
+    """Sinks for the non-OTLP names in OTEL_*_EXPORTER: (per-step sinks, periodic metric sinks).
+
+    One of our backend names joins the run for the signals it is named for (unless the facade
+    already has it); any other name is looked up as an OpenTelemetry exporter entry point.
+    """
+    from otel_tracking.exporters._base import StepMetricExporter
+
+    wanted: dict[str, set[str]] = {}
+    for signal, names in (
+        ("metrics", settings.extra_metric_exporters),
+        ("traces", settings.extra_span_exporters),
+        ("logs", settings.extra_log_exporters),
+    ):
+        for name in names:
+            wanted.setdefault(name, set()).add(signal)
+
+    step_sinks: list[Sink] = []
+    periodic: list[Sink] = []
+    taken = set(taken)
+    for name, signals in wanted.items():
+        if name in taken:
+            continue
+        if name in SUPPORTED_BACKENDS and name != "rl_insight":
+            sink = build_sink(name, settings, config)
+            if "metrics" not in signals:
+                sink.metrics = None
+            if "traces" not in signals:
+                sink.spans = None
+            if "logs" not in signals:
+                sink.logs = None
+            step_sinks.append(sink)
+            continue
+        exporters = {signal: _load_entry_point(signal, name)() for signal in signals}
+        metrics = exporters.get("metrics")
+        sink = Sink(name, metrics=metrics, spans=exporters.get("traces"), logs=exporters.get("logs"),
+                    where=f"OpenTelemetry exporter {name!r}")
+        if metrics is not None and not isinstance(metrics, StepMetricExporter):
+            periodic.append(sink)
+        else:
+            step_sinks.append(sink)
+    return step_sinks, periodic
+
+
+def _load_entry_point(signal: str, name: str) -> Any:
+    from importlib.metadata import entry_points
+
+    group = _GROUPS[signal]
+    found = list(entry_points(group=group, name=name))
+    if not found:
+        available = sorted({ep.name for ep in entry_points(group=group)})
+        raise ConfigError(
+            f"OTEL_{signal.upper()}_EXPORTER names {name!r}, which is neither one of our backends "
+            f"({', '.join(b for b in SUPPORTED_BACKENDS if b != 'rl_insight')}) nor an installed "
+            f"{group} entry point ({', '.join(available)})"
+        )
+    return found[0].load()

@@ -1,0 +1,144 @@
+"""``RLInsightLogger``: the reference's class API, on OpenTelemetry instead of the ``rl_insight`` package.
+
+Everything is gated by ``VERL_RL_INSIGHT_ENABLE=1``, as in the reference; disabled, every method
+is a no-op and ``trace_state`` yields without a span.  Enabled, the logger's run exports over
+OTLP (to ``OTEL_EXPORTER_OTLP_ENDPOINT``, default ``http://localhost:4318``): ``log()`` values
+become gauges there (not in the ML trackers: the reference sent them only to rl_insight), and
+``trace_state`` phases become spans.  When ``Tracking`` is built with the ``rl_insight`` backend,
+the logger shares that run instead of starting its own.
+
+``register_metrics`` / ``register_rollout_metrics`` / ``register_transfer_queue_metrics`` record
+Prometheus scrape targets (e.g. vLLM servers' ``/metrics``) once per (job, addresses, labels) and,
+when a targets directory is configured, write them as file-based service discovery files.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+from otel_tracking import settings as settings_module
+from otel_tracking.spans import trace_state as _trace_state
+
+logger = logging.getLogger("otel_tracking")
+
+
+class RLInsightLogger:
+    ENABLE_ENV = "VERL_RL_INSIGHT_ENABLE"
+    _init_done: ClassVar[bool] = False
+    _run: ClassVar[Any] = None
+    _owns_run: ClassVar[bool] = False
+    _registered_metrics: ClassVar[set[tuple[str | None, tuple[str, ...], str | None]]] = set()
+    registered_targets: ClassVar[list[dict[str, Any]]] = []
+
+    def __init__(self, project_name: str | None, experiment_name: str | None, config: Any = None) -> None:
+        self.init(project_name=project_name, experiment_name=experiment_name, config=config)
+
+    @classmethod
+    def enabled(cls) -> bool:
+        """Whether rl-insight is enabled in this process (VERL_RL_INSIGHT_ENABLE=1)."""
+        return settings_module.rl_insight_enabled()
+
+    @classmethod
+    def init(cls, project_name: str | None = None, experiment_name: str | None = None, config: Any = None) -> None:
+        if not cls.enabled() or cls._init_done:
+            return
+        from otel_tracking.run import Run
+        from otel_tracking.registry import build_otlp_sinks
+
+        project = project_name or "rl_insight"
+        s = settings_module.build_settings(project, experiment_name or "run", (), force_otlp=True)
+        cls._run = Run(s, sinks=[], otlp_sinks=build_otlp_sinks(s))
+        cls._owns_run = True
+        cls._init_done = True
+        if config is not None:
+            cls.register_transfer_queue_metrics(config)
+
+    @classmethod
+    def attach(cls, run: Any, config: Any = None) -> None:
+        """Share a ``Tracking`` run (its ``rl_insight`` backend) instead of starting one."""
+        if not cls.enabled():
+            return
+        if cls._init_done and cls._owns_run:
+            cls.finish()
+        cls._run, cls._owns_run, cls._init_done = run, False, True
+        if config is not None:
+            cls.register_transfer_queue_metrics(config)
+
+    @classmethod
+    def log(cls, data: dict[str, Any], step: int) -> None:
+        if not cls.enabled():
+            return
+        if not cls._init_done:
+            cls.init()
+        # Gauges for the observability path only: no ML sink sees these.
+        cls._run.log(data, step, backends=())
+
+    @classmethod
+    def finish(cls) -> None:
+        if not cls._init_done:
+            return
+        if cls._owns_run and cls._run is not None:
+            cls._run.finish()
+        cls._run, cls._owns_run, cls._init_done = None, False, False
+        cls._registered_metrics.clear()
+
+    @classmethod
+    @contextmanager
+    def trace_state(cls, state_name: str, *, state_lane_id: str | int | None = None, **labels: Any) -> Iterator[None]:
+        if not cls.enabled():
+            yield
+            return
+        if not cls._init_done:
+            cls.init()
+        with _trace_state(state_name, state_lane_id=state_lane_id, **labels):
+            yield
+
+    @classmethod
+    def register_rollout_metrics(
+        cls,
+        server_addresses: list[str],
+        rollout_name: str | None,
+        labels: list[dict[str, Any] | None] | None = None,
+    ) -> None:
+        cls.register_metrics(server_addresses, rollout_name, labels)
+
+    @classmethod
+    def register_transfer_queue_metrics(cls, config: Any) -> None:
+        try:
+            enabled = bool((config or {}).get("transfer_queue", {}).get("metrics", {}).get("enabled", False))
+        except AttributeError:
+            return
+        if not enabled:
+            return
+        try:
+            import transfer_queue as tq  # type: ignore[import-not-found]
+
+            endpoint = tq.get_metrics_endpoint()
+        except Exception:
+            logger.exception("[rl-insight] Failed to get transfer_queue metrics endpoint")
+            return
+        if endpoint:
+            cls.register_metrics([endpoint], "transfer_queue", None)
+
+    @classmethod
+    def register_metrics(
+        cls,
+        server_addresses: list[str],
+        job_name: str | None = None,
+        labels: list[dict[str, Any] | None] | None = None,
+    ) -> None:
+        if not cls.enabled():
+            return
+        metric_key = (job_name, tuple(server_addresses), repr(labels))
+        if metric_key in cls._registered_metrics:
+            return
+        try:
+            from otel_tracking.targets import register_scrape_targets
+
+            cls.registered_targets.extend(register_scrape_targets(server_addresses, job_name, labels))
+            cls._registered_metrics.add(metric_key)
+        except Exception:
+            logger.exception("[rl-insight] Failed to register metrics endpoint")

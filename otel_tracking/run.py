@@ -1,0 +1,202 @@
+"""A run: the OTel wiring and lifecycle behind one ``Tracking`` object.
+
+It owns the run's Resource, its sinks (the ML backends, fed one collection per log() call), the
+OTLP path (periodic gauges, batch-exported spans and logs), a TracerProvider and LoggerProvider of
+its own (built here, per process, never installed globally), and the shutdown order:
+
+1. end the OTLP periodic metric export (one last export of the final values);
+2. flush and shut down the span and log providers (pending spans and records reach every sink);
+3. finish each sink: flush, shut down its exporters, end the backend's run with the exit code.
+
+``finish()`` is idempotent.  An ``atexit`` hook finishes a run that was not finished; it is
+registered after the sinks are built, so it runs before hooks that backends (``wandb.init``)
+registered while being built: our exporters flush into backends that are still open.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
+
+from otel_tracking import __version__
+from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor
+from otel_tracking.redact import is_secret_key
+from otel_tracking.settings import Settings
+from otel_tracking.steps import LatestValues, step_batch
+from otel_tracking.values import split_values, to_step
+
+logger = logging.getLogger("otel_tracking")
+
+_active_runs: list[weakref.ref[Run]] = []
+_active_lock = threading.Lock()
+
+
+def current_run() -> Run | None:
+    """The most recently started run of this process that is not finished."""
+    with _active_lock:
+        for ref in reversed(_active_runs):
+            run = ref()
+            if run is not None and not run.finished and run.pid == os.getpid():
+                return run
+    return None
+
+
+def build_resource(settings: Settings) -> Resource:
+    attributes: dict[str, Any] = {
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "opentelemetry",
+        "telemetry.auto.version": __version__,
+    }
+    # OTEL_RESOURCE_ATTRIBUTES first, so that our identity attributes win; secrets never reach it.
+    attributes.update({k: v for k, v in settings.resource_attributes.items() if not is_secret_key(k)})
+    attributes.update(
+        {
+            "service.name": settings.service_name,
+            "service.instance.id": settings.run_id,
+            "ml.project": settings.project,
+            "ml.experiment": settings.experiment,
+            "ml.run.id": settings.run_id,
+            "host.name": settings.host,
+        }
+    )
+    if settings.rank is not None:
+        attributes["ml.rank"] = settings.rank
+    return Resource(attributes)
+
+
+class Run:
+    def __init__(self, settings: Settings, sinks: Sequence[Sink], otlp_sinks: Mapping[str, Sink] | None = None,
+                 periodic_sinks: Sequence[Sink] = ()) -> None:
+        """``sinks`` get every log() call; ``otlp_sinks`` ("metrics"/"traces"/"logs") and
+        ``periodic_sinks`` are observability exporters fed by the SDK's batch processors and by a
+        periodic export of the latest values."""
+        self.settings = settings
+        self.pid = os.getpid()
+        self.resource = build_resource(settings)
+        self.sinks = list(sinks)
+        self.finished = False
+        self.last_step: int | None = None
+        self._finish_lock = threading.Lock()
+        otlp_sinks = dict(otlp_sinks or {})
+        self.observability_sinks = [*otlp_sinks.values(), *periodic_sinks]
+
+        metric_sinks = [s for s in (otlp_sinks.get("metrics"), *periodic_sinks) if s is not None]
+        self._latest = LatestValues() if metric_sinks else None
+        self._periodic = [
+            PeriodicExport(sink, self._snapshot, settings.otlp.metric_interval_s) for sink in metric_sinks
+        ]
+
+        self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False)
+        # Entry-point exporters fed periodically with metrics may take spans and logs too.
+        self.tracer_provider.add_span_processor(SinkSpanProcessor([*self.sinks, *periodic_sinks]))
+        self.logger_provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
+        self.logger_provider.add_log_record_processor(SinkLogProcessor([*self.sinks, *periodic_sinks]))
+        self._add_batch_processors(otlp_sinks)
+        self.tracer: Tracer = self.tracer_provider.get_tracer("otel_tracking", __version__)
+        self.event_logger = self.logger_provider.get_logger("otel_tracking", __version__)
+
+        with _active_lock:
+            _active_runs.append(weakref.ref(self))
+        atexit.register(self._finish_at_exit)
+
+    def _add_batch_processors(self, otlp_sinks: Mapping[str, Sink]) -> None:
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        traces, logs = otlp_sinks.get("traces"), otlp_sinks.get("logs")
+        if traces is not None and traces.spans is not None:
+            self.tracer_provider.add_span_processor(BatchSpanProcessor(_Counted(traces, "spans")))
+        if logs is not None and logs.logs is not None:
+            self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(_Counted(logs, "logs")))
+
+    def _snapshot(self) -> Any:
+        return self._latest.snapshot(self.resource) if self._latest is not None else None
+
+    # --- the hot path ----------------------------------------------------------------------------
+
+    def log(self, data: Mapping[str, Any], step: Any, backends: Sequence[str] | None = None) -> None:
+        if self.finished or self.pid != os.getpid():
+            return  # a finished run, or a forked child that must not re-export its parent's run
+        step = to_step(step)
+        scalars, others = split_values(data)
+        now = time.time_ns()
+        targets = self.sinks if backends is None else [s for s in self.sinks if s.name in backends]
+        if targets:
+            batch = step_batch(self.resource, step, scalars, others, now)
+            for sink in targets:
+                sink.export_metrics(batch)
+        if self._latest is not None:
+            self._latest.update(step, scalars, now)
+        self.last_step = step
+
+    def emit_event(self, event_name: str, body: Any, attributes: Mapping[str, Any] | None = None) -> None:
+        if self.finished or self.pid != os.getpid():
+            return
+        self.event_logger.emit(event_name=event_name, body=body, attributes=dict(attributes or {}),
+                               timestamp=time.time_ns())
+
+    # --- the end ---------------------------------------------------------------------------------
+
+    def finish(self, exit_code: int = 0) -> dict[str, dict[str, int]]:
+        """Flush everything in order and end every backend's run; returns per-sink counts."""
+        with self._finish_lock:
+            if self.finished:
+                return self.stats()
+            self.finished = True
+        if self.pid != os.getpid():
+            return self.stats()
+        for periodic in self._periodic:
+            periodic.stop()
+        for provider in (self.tracer_provider, self.logger_provider):
+            try:
+                provider.force_flush()
+                provider.shutdown()
+            except Exception:
+                logger.exception("otel-tracking: flushing %s failed", type(provider).__name__)
+        for sink in [*self.sinks, *self.observability_sinks]:
+            sink.finish(exit_code)
+        atexit.unregister(self._finish_at_exit)
+        return self.stats()
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {sink.name: sink.stats.as_dict() for sink in [*self.sinks, *self.observability_sinks]}
+
+    def _finish_at_exit(self) -> None:
+        if not self.finished:
+            self.finish(exit_code=0)
+
+
+class _Counted:
+    """Adapts a Sink to the exporter interface the SDK's batch processors expect, so OTLP
+    exports are guarded and counted like every other sink's."""
+
+    def __init__(self, sink: Sink, kind: str) -> None:
+        self._sink = sink
+        self._kind = kind
+
+    def export(self, batch: Any) -> Any:
+        from opentelemetry.sdk._logs.export import LogRecordExportResult
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if self._kind == "spans":
+            self._sink.export_spans(batch)
+            return SpanExportResult.SUCCESS
+        self._sink.export_logs(batch)
+        return LogRecordExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        return None

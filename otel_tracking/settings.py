@@ -1,0 +1,272 @@
+"""Every environment variable the project reads is read here, and nowhere else.
+
+The facade builds one :class:`Settings` per run from explicit arguments plus the environment; the
+exporters, which must also work when a plain OpenTelemetry SDK constructs them with no arguments,
+call the small ``*_from_env`` helpers below.  Malformed values raise :class:`ConfigError` with the
+variable's name, at construction time, rather than a traceback from deep inside a backend later.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from otel_tracking.redact import redact_header_values
+
+# The OTel exporter names we understand in OTEL_*_EXPORTER besides our own backends.
+OTLP_NAMES = ("otlp", "otlp_proto_http", "otlp_proto_grpc")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off", "")
+
+
+class ConfigError(ValueError):
+    """A configuration value (argument or environment variable) that cannot be used."""
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; use true or false")
+
+
+def _names(env: Mapping[str, str], name: str) -> tuple[str, ...] | None:
+    """A comma-separated exporter list; None when unset, () for "none"."""
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return None
+    names = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if "none" in names:
+        if len(names) > 1:
+            raise ConfigError(f"{name}={raw!r}: 'none' cannot be combined with other exporters")
+        return ()
+    return names
+
+
+def parse_key_value_list(raw: str, variable: str) -> dict[str, str]:
+    """Parse the W3C-baggage-like ``k1=v1,k2=v2`` format of OTEL_RESOURCE_ATTRIBUTES and headers."""
+    from urllib.parse import unquote
+
+    result: dict[str, str] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            # Never echo the item itself: headers carry credentials.
+            raise ConfigError(f"{variable} has an entry without 'key=value' (entry {len(result) + 1})")
+        result[unquote(key.strip())] = unquote(value.strip())
+    return result
+
+
+@dataclass(frozen=True)
+class OtlpSettings:
+    """Which signals go to an OTLP endpoint, and how.  The OTLP exporter classes read the standard
+    endpoint/header/TLS variables themselves; we only decide whether to build them and check that
+    the values parse, so that a typo fails at construction."""
+
+    traces: bool = False
+    metrics: bool = False
+    logs: bool = False
+    protocol: str = "http/protobuf"
+    metric_interval_s: float = 60.0
+    endpoint: str | None = None
+    header_names: tuple[str, ...] = ()
+
+    @property
+    def any(self) -> bool:
+        return self.traces or self.metrics or self.logs
+
+
+@dataclass(frozen=True)
+class Settings:
+    project: str
+    experiment: str
+    backends: tuple[str, ...]
+    service_name: str
+    resource_attributes: dict[str, str]
+    run_id: str
+    rank: int | None
+    host: str
+    otlp: OtlpSettings
+    # Extra exporters named in OTEL_*_EXPORTER that are neither OTLP nor one of our backends;
+    # they are loaded from entry points by the run.
+    extra_metric_exporters: tuple[str, ...] = ()
+    extra_span_exporters: tuple[str, ...] = ()
+    extra_log_exporters: tuple[str, ...] = ()
+    sdk_disabled: bool = False
+    file_path: Path | None = None
+    tensorboard_dir: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+
+def build_settings(
+    project: str,
+    experiment: str,
+    backends: tuple[str, ...],
+    env: Mapping[str, str] | None = None,
+    force_otlp: bool = False,
+) -> Settings:
+    """Combine the facade's arguments with the environment.
+
+    ``backends`` are the facade's ``default_backend`` names (already validated).  OTLP is on for a
+    signal when OTEL_<SIGNAL>_EXPORTER names ``otlp``, or, when that variable is unset, when an
+    OTLP endpoint is configured (or ``force_otlp``: the ``rl_insight`` backend).  Names in
+    OTEL_<SIGNAL>_EXPORTER that are our backends join the run as extra sinks for that signal.
+    """
+    e = _env(env)
+    sdk_disabled = _bool(e, "OTEL_SDK_DISABLED")
+
+    protocol = e.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").strip() or "http/protobuf"
+    if protocol not in ("grpc", "http/protobuf"):
+        raise ConfigError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported; use 'grpc' or 'http/protobuf'"
+        )
+    endpoint = e.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if endpoint is not None:
+        _check_endpoint(endpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
+    header_names: list[str] = []
+    for variable in ("OTEL_EXPORTER_OTLP_HEADERS", *(f"OTEL_EXPORTER_OTLP_{s}_HEADERS" for s in _SIGNALS)):
+        if variable in e:
+            header_names.extend(parse_key_value_list(e[variable], variable))
+
+    interval_raw = e.get("OTEL_METRIC_EXPORT_INTERVAL", "60000")
+    try:
+        interval_ms = float(interval_raw)
+    except ValueError:
+        raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL={interval_raw!r} is not a number of milliseconds") from None
+    if interval_ms <= 0:
+        raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL={interval_raw!r} must be positive")
+
+    selected: dict[str, bool] = {}
+    extras: dict[str, tuple[str, ...]] = {}
+    for signal in _SIGNALS:
+        names = _names(e, f"OTEL_{signal}_EXPORTER")
+        signal_endpoint = e.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+        if signal_endpoint is not None:
+            _check_endpoint(signal_endpoint, f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+        if names is None:
+            selected[signal] = force_otlp or endpoint is not None or signal_endpoint is not None
+            extras[signal] = ()
+        else:
+            selected[signal] = any(n in OTLP_NAMES for n in names)
+            extras[signal] = tuple(n for n in names if n not in OTLP_NAMES)
+    if sdk_disabled:
+        selected = dict.fromkeys(selected, False)
+        extras = dict.fromkeys(extras, ())
+
+    resource_attributes = {}
+    if "OTEL_RESOURCE_ATTRIBUTES" in e:
+        resource_attributes = parse_key_value_list(e["OTEL_RESOURCE_ATTRIBUTES"], "OTEL_RESOURCE_ATTRIBUTES")
+    service_name = e.get("OTEL_SERVICE_NAME") or resource_attributes.get("service.name") or project
+
+    return Settings(
+        project=project,
+        experiment=experiment,
+        backends=backends,
+        service_name=service_name,
+        resource_attributes=resource_attributes,
+        run_id=e.get("OTEL_TRACKING_RUN_ID") or uuid.uuid4().hex,
+        rank=_rank(e),
+        host=socket.gethostname(),
+        otlp=OtlpSettings(
+            traces=selected["TRACES"],
+            metrics=selected["METRICS"],
+            logs=selected["LOGS"],
+            protocol=protocol,
+            metric_interval_s=interval_ms / 1000.0,
+            endpoint=endpoint,
+            header_names=tuple(header_names),
+        ),
+        extra_metric_exporters=extras["METRICS"],
+        extra_span_exporters=extras["TRACES"],
+        extra_log_exporters=extras["LOGS"],
+        sdk_disabled=sdk_disabled,
+        file_path=file_sink_path(project, experiment, e),
+        tensorboard_dir=tensorboard_dir(project, experiment, e),
+        env=e,
+    )
+
+
+_SIGNALS = ("TRACES", "METRICS", "LOGS")
+
+
+def _check_endpoint(value: str, variable: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{variable} must be an http:// or https:// URL with a host, got {value!r}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError:
+        raise ConfigError(f"{variable} has a malformed port: {value!r}") from None
+
+
+def _rank(env: Mapping[str, str]) -> int | None:
+    for variable in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        raw = env.get(variable)
+        if raw is not None and raw.strip().lstrip("-").isdigit():
+            return int(raw)
+    return None
+
+
+# --- per-sink settings, shared by the facade and by exporters built with no arguments ---------
+
+
+def file_sink_path(project: str, experiment: str, env: Mapping[str, str] | None = None) -> Path:
+    """The reference's rules: VERL_FILE_LOGGER_PATH, else <VERL_FILE_LOGGER_ROOT or .>/<project>/<experiment>.jsonl."""
+    e = _env(env)
+    explicit = e.get("VERL_FILE_LOGGER_PATH")
+    if explicit is not None:
+        return Path(explicit)
+    root = Path(os.path.expanduser(e.get("VERL_FILE_LOGGER_ROOT", ".")))
+    return root / project / f"{experiment}.jsonl"
+
+
+def tensorboard_dir(project: str, experiment: str, env: Mapping[str, str] | None = None) -> Path:
+    e = _env(env)
+    return Path(e.get("TENSORBOARD_DIR", f"tensorboard_log/{project}/{experiment}"))
+
+
+def identity_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(project, experiment) for an exporter built by a plain OTel SDK setup: from
+    OTEL_RESOURCE_ATTRIBUTES (ml.project / ml.experiment), else the service name, else defaults."""
+    e = _env(env)
+    attributes: dict[str, str] = {}
+    if "OTEL_RESOURCE_ATTRIBUTES" in e:
+        attributes = parse_key_value_list(e["OTEL_RESOURCE_ATTRIBUTES"], "OTEL_RESOURCE_ATTRIBUTES")
+    project = attributes.get("ml.project") or e.get("OTEL_SERVICE_NAME") or "otel-tracking"
+    experiment = attributes.get("ml.experiment") or "run"
+    return project, experiment
+
+
+def rl_insight_enabled(env: Mapping[str, str] | None = None) -> bool:
+    return _env(env).get("VERL_RL_INSIGHT_ENABLE") == "1"
+
+
+def describe_otlp(settings: Settings) -> str:
+    """A one-line description safe to print: endpoint and header *names* only, never values."""
+    o = settings.otlp
+    signals = [name for name, on in (("traces", o.traces), ("metrics", o.metrics), ("logs", o.logs)) if on]
+    headers = redact_header_values(o.header_names)
+    return f"OTLP {o.protocol} -> {o.endpoint or 'default endpoint'} ({', '.join(signals)}){headers}"
+
+
+def targets_dir(env: Mapping[str, str] | None = None) -> Path | None:
+    """Where scrape-target files go (the collector's file_sd directory), if configured."""
+    raw = _env(env).get("OTEL_TRACKING_TARGETS_DIR")
+    return Path(os.path.expanduser(raw)) if raw else None

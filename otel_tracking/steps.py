@@ -1,0 +1,101 @@
+"""How a log() call becomes OTel metric data.
+
+Two shapes, for two kinds of consumer:
+
+* :func:`step_batch` - the per-step collection for ML sinks.  One ``MetricsData`` per ``log()``
+  call, holding only that call's keys (so a key logged every 10 steps appears only at those steps),
+  as gauges named exactly as the caller wrote them, with NaN/inf kept, plus the step gauge
+  ``train.step`` first.  Building the data directly (instead of through the SDK's synchronous gauges
+  and a reader) is what lets one log() be one collection, keeps non-finite values, stamps points
+  with the log() time rather than collection time, and costs a few microseconds per key.
+* :class:`LatestValues` - the observability view for OTLP: every key's last value as a gauge with
+  a valid instrument name, re-reported at each periodic export (what Prometheus expects), and the
+  step as the gauge ``train.step``, never as an attribute.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otel_tracking import __version__
+from otel_tracking.values import InstrumentNames, encode_others
+
+STEP_METRIC = "train.step"
+# On the step point of a per-step batch only: the log() call's non-number values as JSON, so the
+# file sink can keep them in the same line, as the reference did.
+OTHERS_ATTRIBUTE = "ml.step.others"
+SCOPE = InstrumentationScope("otel_tracking", __version__)
+_NO_ATTRIBUTES: Mapping[str, Any] = {}
+
+
+def _gauge(name: str, value: int | float, time_ns: int, attributes: Mapping[str, Any] = _NO_ATTRIBUTES,
+           description: str | None = None) -> Metric:
+    point = NumberDataPoint(attributes=attributes, start_time_unix_nano=time_ns, time_unix_nano=time_ns, value=value)
+    return Metric(name=name, description=description, unit=None, data=Gauge(data_points=[point]))
+
+
+def _wrap(resource: Resource, metrics: list[Metric]) -> MetricsData:
+    return MetricsData(
+        resource_metrics=[
+            ResourceMetrics(
+                resource=resource,
+                scope_metrics=[ScopeMetrics(scope=SCOPE, metrics=metrics, schema_url="")],
+                schema_url="",
+            )
+        ]
+    )
+
+
+def step_batch(
+    resource: Resource,
+    step: int,
+    scalars: Mapping[str, int | float],
+    others: Mapping[str, Any],
+    time_ns: int,
+) -> MetricsData:
+    step_attributes = {OTHERS_ATTRIBUTE: encode_others(others)} if others else _NO_ATTRIBUTES
+    metrics = [_gauge(STEP_METRIC, step, time_ns, step_attributes)]
+    metrics.extend(_gauge(key, value, time_ns) for key, value in scalars.items())
+    return _wrap(resource, metrics)
+
+
+class LatestValues:
+    """Last value of every key (thread-safe), exported as cumulative-style gauges for OTLP."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, tuple[int | float, int]] = {}
+        self._step: tuple[int, int] | None = None
+        self._names = InstrumentNames()
+
+    def update(self, step: int, scalars: Mapping[str, int | float], time_ns: int) -> None:
+        with self._lock:
+            self._step = (step, time_ns)
+            values = self._values
+            for key, value in scalars.items():
+                values[key] = (value, time_ns)
+
+    def snapshot(self, resource: Resource) -> MetricsData | None:
+        with self._lock:
+            if self._step is None:
+                return None
+            step, step_time = self._step
+            items = list(self._values.items())
+        metrics = [_gauge(STEP_METRIC, step, step_time, description="training step of the last log() call")]
+        for key, (value, time_ns) in items:
+            name = self._names(key)
+            metrics.append(_gauge(name, value, time_ns, description=key if name != key else None))
+        return _wrap(resource, metrics)
