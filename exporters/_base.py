@@ -36,6 +36,23 @@ from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC
 from otel_tracking.values import decode_others
 
 
+# Gauges only report what was set since the last collection under DELTA: in a plain SDK setup, a
+# key logged every 10 steps must not reappear at every step.
+def _delta_for_all() -> dict[type, AggregationTemporality]:
+    from opentelemetry.sdk.metrics import (
+        Counter,
+        Histogram,
+        ObservableCounter,
+        ObservableGauge,
+        ObservableUpDownCounter,
+        UpDownCounter,
+    )
+    from opentelemetry.sdk.metrics._internal.instrument import Gauge as SdkGauge  # not exported publicly in 1.45
+
+    kinds = (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter, ObservableGauge, SdkGauge)
+    return dict.fromkeys(kinds, AggregationTemporality.DELTA)
+
+
 @dataclass(frozen=True)
 class BridgeContext:
     """What a bridge needs to open its backend's run.  ``config`` is already redacted; ``env`` is the
@@ -64,28 +81,6 @@ class BridgeParts:
     logs: Any = None  # LogRecordExporter
     finish: Callable[[int], None] | None = None  # ends the backend's run with the exit code
     where: str | None = None  # where the data went, for the end-of-run summary
-
-# Gauges only report what was set since the last collection under DELTA: a key logged every 10 steps
-# must not reappear at every step.
-DELTA_FOR_ALL: dict[type, AggregationTemporality] = {}
-
-
-def _delta_for_all() -> dict[type, AggregationTemporality]:
-    if not DELTA_FOR_ALL:
-        from opentelemetry.sdk.metrics import (
-            Counter,
-            Histogram,
-            ObservableCounter,
-            ObservableGauge,
-            ObservableUpDownCounter,
-            UpDownCounter,
-        )
-        from opentelemetry.sdk.metrics._internal.instrument import _Gauge
-
-        for kind in (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter,
-                     ObservableGauge, _Gauge):
-            DELTA_FOR_ALL[kind] = AggregationTemporality.DELTA
-    return DELTA_FOR_ALL
 
 
 @dataclass

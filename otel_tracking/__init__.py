@@ -20,7 +20,15 @@ _EXPORTS = {
     "ConfigError": "otel_tracking.settings",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [  # noqa: RUF022 - the lazy names, then the version
+    "ConfigError",
+    "DapoFilteredRewardTableLogger",
+    "RLInsightLogger",
+    "Tracking",
+    "ValidationGenerationsLogger",
+    "trace_state",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from otel_tracking.facade import Tracking

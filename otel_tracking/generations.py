@@ -61,8 +61,10 @@ class ValidationGenerationsLogger:
     experiment_name: str | None = None
 
     def log(self, loggers: Iterable[str] | str, samples: Sequence[Sequence[Any]], step: int) -> None:
-        rows = [[_plain(part) for part in sample] if isinstance(sample, (list, tuple)) else [_plain(sample)]
-                for sample in samples]
+        rows = [
+            [_plain(part) for part in sample] if isinstance(sample, (list, tuple)) else [_plain(sample)]
+            for sample in samples
+        ]
         _emit(GENERATIONS_EVENT, "val/generations", loggers, step, {"samples": rows})
 
 

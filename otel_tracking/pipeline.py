@@ -18,7 +18,9 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk._logs import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -87,8 +89,9 @@ class Sink:
         message = "otel-tracking: sink %r failed to export %s%s"
         detail = f": {type(error).__name__}: {error}" if error else ""
         if first:
-            logger.warning(message + " (further failures are counted and reported at finish())", self.name, what,
-                           detail)
+            logger.warning(
+                message + " (further failures are counted and reported at finish())", self.name, what, detail
+            )
         else:
             logger.debug(message, self.name, what, detail)
 
@@ -111,7 +114,7 @@ class Sink:
 
     def _is_named(self, item: ReadableLogRecord) -> bool:
         backends = (item.log_record.attributes or {}).get("ml.backends")
-        return backends is None or self.name in backends
+        return not isinstance(backends, (list, tuple)) or self.name in backends
 
     def finish(self, exit_code: int) -> None:
         """Flush and shut down every exporter, then end the backend's run; once."""
@@ -164,7 +167,7 @@ class SinkLogProcessor(LogRecordProcessor):
     def on_emit(self, log_record: ReadWriteLogRecord) -> None:
         readable = ReadableLogRecord(
             log_record=log_record.log_record,
-            resource=log_record.resource,
+            resource=log_record.resource if log_record.resource is not None else Resource({}),
             instrumentation_scope=log_record.instrumentation_scope,
             limits=log_record.limits,
         )
@@ -206,3 +209,32 @@ class PeriodicExport:
         self._stop.set()
         self._thread.join(timeout_s)
         self._export_once()
+
+
+class SinkAsSpanExporter(SpanExporter):
+    """Lets the SDK's BatchSpanProcessor (the OTLP path's thread and queue) feed a Sink, so OTLP
+    exports are guarded and counted like every other sink's."""
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._sink.export_spans(spans)
+        return SpanExportResult.SUCCESS
+
+
+class SinkAsLogExporter(LogRecordExporter):
+    """The same for the SDK's BatchLogRecordProcessor."""
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+
+    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
+        self._sink.export_logs(batch)
+        return LogRecordExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        return None

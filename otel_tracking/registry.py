@@ -80,8 +80,15 @@ def build_sink(name: str, settings: Settings, config: Any) -> Sink:
         run_id=settings.run_id,
     )
     parts = module.open_bridge(context)
-    return Sink(name, metrics=parts.metrics, spans=parts.spans, logs=parts.logs, on_finish=parts.finish,
-                where=parts.where, named_events_only=True)
+    return Sink(
+        name,
+        metrics=parts.metrics,
+        spans=parts.spans,
+        logs=parts.logs,
+        on_finish=parts.finish,
+        where=parts.where,
+        named_events_only=True,
+    )
 
 
 def build_otlp_sinks(settings: Settings) -> dict[str, Sink]:
@@ -147,8 +154,13 @@ def build_env_sinks(settings: Settings, config: Any, taken: Iterable[str]) -> tu
             continue
         exporters = {signal: _load_entry_point(signal, name)() for signal in signals}
         metrics = exporters.get("metrics")
-        sink = Sink(name, metrics=metrics, spans=exporters.get("traces"), logs=exporters.get("logs"),
-                    where=f"OpenTelemetry exporter {name!r}")
+        sink = Sink(
+            name,
+            metrics=metrics,
+            spans=exporters.get("traces"),
+            logs=exporters.get("logs"),
+            where=f"OpenTelemetry exporter {name!r}",
+        )
         if metrics is not None and not isinstance(metrics, StepMetricExporter):
             periodic.append(sink)
         else:

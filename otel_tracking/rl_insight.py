@@ -45,8 +45,8 @@ class RLInsightLogger:
     def init(cls, project_name: str | None = None, experiment_name: str | None = None, config: Any = None) -> None:
         if not cls.enabled() or cls._init_done:
             return
-        from otel_tracking.run import Run
         from otel_tracking.registry import build_otlp_sinks
+        from otel_tracking.run import Run
 
         project = project_name or "rl_insight"
         s = settings_module.build_settings(project, experiment_name or "run", (), force_otlp=True)

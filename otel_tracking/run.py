@@ -8,9 +8,10 @@ its own (built here, per process, never installed globally), and the shutdown or
 2. flush and shut down the span and log providers (pending spans and records reach every sink);
 3. finish each sink: flush, shut down its exporters, end the backend's run with the exit code.
 
-``finish()`` is idempotent.  An ``atexit`` hook finishes a run that was not finished; it is
-registered after the sinks are built, so it runs before hooks that backends (``wandb.init``)
-registered while being built: our exporters flush into backends that are still open.
+``finish()`` is idempotent.  A run that was not finished is finished at interpreter exit by a hook
+that runs before every ``atexit`` hook (``threading``'s exit hook, which runs when the main thread
+ends, before ``atexit``): the hooks that backends register (``wandb.init``'s, the OTel SDK's) run
+later whatever their registration order, so our exporters flush into backends that are still open.
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from otel_tracking import __version__
-from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor
+from otel_tracking.pipeline import (
+    PeriodicExport,
+    Sink,
+    SinkAsLogExporter,
+    SinkAsSpanExporter,
+    SinkLogProcessor,
+    SinkSpanProcessor,
+)
 from otel_tracking.redact import is_secret_key
 from otel_tracking.settings import Settings
 from otel_tracking.steps import LatestValues, step_batch
@@ -76,8 +84,13 @@ def build_resource(settings: Settings) -> Resource:
 
 
 class Run:
-    def __init__(self, settings: Settings, sinks: Sequence[Sink], otlp_sinks: Mapping[str, Sink] | None = None,
-                 periodic_sinks: Sequence[Sink] = ()) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        sinks: Sequence[Sink],
+        otlp_sinks: Mapping[str, Sink] | None = None,
+        periodic_sinks: Sequence[Sink] = (),
+    ) -> None:
         """``sinks`` get every log() call; ``otlp_sinks`` ("metrics"/"traces"/"logs") and
         ``periodic_sinks`` are observability exporters fed by the SDK's batch processors and by a
         periodic export of the latest values."""
@@ -108,7 +121,7 @@ class Run:
 
         with _active_lock:
             _active_runs.append(weakref.ref(self))
-        atexit.register(self._finish_at_exit)
+        _at_exit(self)
 
     def _add_batch_processors(self, otlp_sinks: Mapping[str, Sink]) -> None:
         from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
@@ -116,9 +129,9 @@ class Run:
 
         traces, logs = otlp_sinks.get("traces"), otlp_sinks.get("logs")
         if traces is not None and traces.spans is not None:
-            self.tracer_provider.add_span_processor(BatchSpanProcessor(_Counted(traces, "spans")))
+            self.tracer_provider.add_span_processor(BatchSpanProcessor(SinkAsSpanExporter(traces)))
         if logs is not None and logs.logs is not None:
-            self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(_Counted(logs, "logs")))
+            self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(SinkAsLogExporter(logs)))
 
     def _snapshot(self) -> Any:
         return self._latest.snapshot(self.resource) if self._latest is not None else None
@@ -143,8 +156,9 @@ class Run:
     def emit_event(self, event_name: str, body: Any, attributes: Mapping[str, Any] | None = None) -> None:
         if self.finished or self.pid != os.getpid():
             return
-        self.event_logger.emit(event_name=event_name, body=body, attributes=dict(attributes or {}),
-                               timestamp=time.time_ns())
+        self.event_logger.emit(
+            event_name=event_name, body=body, attributes=dict(attributes or {}), timestamp=time.time_ns()
+        )
 
     # --- the end ---------------------------------------------------------------------------------
 
@@ -166,37 +180,25 @@ class Run:
                 logger.exception("otel-tracking: flushing %s failed", type(provider).__name__)
         for sink in [*self.sinks, *self.observability_sinks]:
             sink.finish(exit_code)
-        atexit.unregister(self._finish_at_exit)
         return self.stats()
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {sink.name: sink.stats.as_dict() for sink in [*self.sinks, *self.observability_sinks]}
 
-    def _finish_at_exit(self) -> None:
-        if not self.finished:
-            self.finish(exit_code=0)
 
+def _at_exit(run: Run) -> None:
+    """Finish ``run`` at exit unless it was finished (a weak reference: the hook keeps nothing alive)."""
+    ref = weakref.ref(run)
 
-class _Counted:
-    """Adapts a Sink to the exporter interface the SDK's batch processors expect, so OTLP
-    exports are guarded and counted like every other sink's."""
+    def finish_if_open() -> None:
+        live = ref()
+        if live is not None and not live.finished:
+            live.finish(exit_code=0)
 
-    def __init__(self, sink: Sink, kind: str) -> None:
-        self._sink = sink
-        self._kind = kind
-
-    def export(self, batch: Any) -> Any:
-        from opentelemetry.sdk._logs.export import LogRecordExportResult
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        if self._kind == "spans":
-            self._sink.export_spans(batch)
-            return SpanExportResult.SUCCESS
-        self._sink.export_logs(batch)
-        return LogRecordExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        return None
+    register = getattr(threading, "_register_atexit", None)  # private, but stable since 3.9
+    try:
+        if register is None:
+            raise RuntimeError("no threading exit hook")
+        register(finish_if_open)
+    except RuntimeError:
+        atexit.register(finish_if_open)

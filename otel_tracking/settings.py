@@ -132,9 +132,7 @@ def build_settings(
 
     protocol = e.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").strip() or "http/protobuf"
     if protocol not in ("grpc", "http/protobuf"):
-        raise ConfigError(
-            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported; use 'grpc' or 'http/protobuf'"
-        )
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported; use 'grpc' or 'http/protobuf'")
     endpoint = e.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if endpoint is not None:
         _check_endpoint(endpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -58,7 +58,7 @@ def state_attributes(state_lane_id: Any, labels: dict[str, Any]) -> dict[str, An
     return attributes
 
 
-class trace_state:  # noqa: N801 - a function-like context manager, named as in the reference API
+class trace_state:
     def __init__(self, state_name: str, state_lane_id: str | int | None = None, **labels: Any) -> None:
         if not isinstance(state_name, str) or not state_name:
             raise ValueError(f"trace_state needs a non-empty state name, got {state_name!r}")

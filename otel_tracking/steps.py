@@ -41,8 +41,13 @@ SCOPE = InstrumentationScope("otel_tracking", __version__)
 _NO_ATTRIBUTES: Mapping[str, Any] = {}
 
 
-def _gauge(name: str, value: int | float, time_ns: int, attributes: Mapping[str, Any] = _NO_ATTRIBUTES,
-           description: str | None = None) -> Metric:
+def _gauge(
+    name: str,
+    value: int | float,
+    time_ns: int,
+    attributes: Mapping[str, Any] = _NO_ATTRIBUTES,
+    description: str | None = None,
+) -> Metric:
     point = NumberDataPoint(attributes=attributes, start_time_unix_nano=time_ns, time_unix_nano=time_ns, value=value)
     return Metric(name=name, description=description, unit=None, data=Gauge(data_points=[point]))
 

@@ -18,8 +18,18 @@ REPO = Path(__file__).resolve().parents[1]
 # The reference lives beside the repository (shared/baseline); OTEL_TRACKING_SHARED overrides.
 SHARED = Path(os.environ.get("OTEL_TRACKING_SHARED", REPO.parent / "shared"))
 
-_CLEARED_PREFIXES = ("OTEL_", "VERL_", "WANDB_", "MLFLOW_", "SWANLAB_", "CLEARML_", "TRACKIO_", "TENSORBOARD_",
-                     "VOLC_", "MLP_")
+_CLEARED_PREFIXES = (
+    "OTEL_",
+    "VERL_",
+    "WANDB_",
+    "MLFLOW_",
+    "SWANLAB_",
+    "CLEARML_",
+    "TRACKIO_",
+    "TENSORBOARD_",
+    "VOLC_",
+    "MLP_",
+)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,3 @@
+from otel_tracking.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""The command line, the demo, entry points and import hygiene."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+BACKEND_SDKS = ["wandb", "mlflow", "swanlab", "clearml", "trackio", "tensorboard", "torch", "pandas", "numpy"]
+
+
+def test_import_is_lazy() -> None:
+    code = (
+        "import sys, otel_tracking;"
+        f"heavy=[m for m in sys.modules if m.split('.')[0] in {BACKEND_SDKS!r} or m.startswith('opentelemetry.sdk')];"
+        "print(heavy);"
+        "from otel_tracking import Tracking, trace_state;"
+        f"print([m for m in sys.modules if m.split('.')[0] in {BACKEND_SDKS!r}])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[]", "[]"]
+
+
+def test_entry_points_are_registered_and_load() -> None:
+    from opentelemetry.sdk._logs.export import LogRecordExporter
+    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    expected = {
+        "opentelemetry_metrics_exporter": (MetricExporter, {"file", "ml_console"}),
+        "opentelemetry_traces_exporter": (SpanExporter, {"file"}),
+        "opentelemetry_logs_exporter": (LogRecordExporter, {"file"}),
+    }
+    for group, (base, names) in expected.items():
+        found = {ep.name: ep for ep in entry_points(group=group) if ep.value.startswith("otel_tracking.")}
+        assert names <= set(found), group
+        for name in names:
+            assert issubclass(found[name].load(), base)
+
+
+def test_demo_runs_and_says_where_it_wrote(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "otel_tracking",
+            "demo",
+            "--backends",
+            "console,file",
+            "--steps",
+            "12",
+            "--out",
+            str(tmp_path / "demo"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Where each sink wrote:" in out.stdout
+    metrics_file = tmp_path / "demo" / "otel-tracking-demo" / "grpo-simulated.jsonl"
+    assert str(metrics_file) in out.stdout
+    lines = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [*range(1, 11), 10, 11, 12]  # step 10 also has validation
+    assert len(lines[0]["data"]) >= 30
+    assert lines[10]["data"].keys() == {"val-core/openai/gsm8k/reward/mean@4"}
+    console = [line for line in out.stdout.splitlines() if line.startswith("step:")]
+    assert len(console) == 13
+    events_file = metrics_file.with_name("grpo-simulated.events.jsonl")
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    spans = {e["span_id"]: e for e in events if e["type"] == "span"}
+    generate = [s for s in spans.values() if s["name"] == "generate"]
+    assert len(generate) == 12 * 4
+    for span in generate:
+        rollout = spans[span["parent_span_id"]]
+        assert rollout["name"] == "rollout"
+        assert spans[rollout["parent_span_id"]]["name"] == "step"
+    assert {s["attributes"]["ml.lane"] for s in generate} == {0, 1, 2, 3}
+    generations = [e for e in events if e["type"] == "log"]
+    assert [g["attributes"]["ml.step"] for g in generations] == [10]
+    assert len(generations[0]["body"]["samples"]) == 4

@@ -1,0 +1,164 @@
+"""OTLP export from the facade, over HTTP and gRPC, to a local endpoint that decodes the protobufs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from otel_tracking import Tracking, trace_state
+from tests.otlp_receiver import GrpcReceiver, HttpReceiver, wait_for
+
+RECEIVERS = {"http/protobuf": HttpReceiver, "grpc": GrpcReceiver}
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_gauges_resource_and_span_tree_arrive(protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with RECEIVERS[protocol]() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "grpo-trainer")
+        monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test,team=rl")
+        monkeypatch.setenv("RANK", "3")
+        tracking = Tracking("proj", "exp-1", default_backend="file")
+        with trace_state("step"):
+            with trace_state("rollout", state_lane_id=2, model="actor"):
+                pass
+            with trace_state("update"):
+                pass
+        tracking.log({"train/loss": 0.5, "val-core/openai/gsm8k/reward/mean@4": 0.75, "loss_nan": float("nan")}, 1)
+        tracking.log({"train/loss": 0.25, "count": 7}, 2)
+        tracking.finish()
+
+        gauges = wait_for(receiver.received.last_gauges, what="gauges")
+        assert gauges["train/loss"] == 0.25
+        assert gauges["count"] == 7
+        assert gauges["train.step"] == 2
+        assert math.isnan(gauges["loss_nan"]), "NaN must reach OTLP (the SDK's own gauge would drop it)"
+        # The one naming rule: '@' -> '_at_'; the original key rides along as the description.
+        described = {name: description for _, name, description, _, _ in receiver.received.gauge_points()}
+        assert described["val-core/openai/gsm8k/reward/mean_at_4"] == "val-core/openai/gsm8k/reward/mean@4"
+        # The step is a gauge, never a per-step attribute.
+        assert all(not point_attributes for *_, point_attributes in receiver.received.gauge_points())
+
+        resource = next(iter(receiver.received.gauge_points()))[0]
+        assert resource["service.name"] == "grpo-trainer"
+        assert resource["ml.project"] == "proj"
+        assert resource["ml.experiment"] == "exp-1"
+        assert resource["ml.run.id"] == tracking.run_id
+        assert resource["ml.rank"] == 3
+        assert resource["host.name"]
+        assert resource["deployment.environment"] == "test"
+
+        spans = wait_for(lambda: len(receiver.received.spans()) >= 3 and receiver.received.spans(), what="spans")
+        by_name = {span["name"]: span for span in spans}
+        root = by_name["step"]
+        assert root["parent_span_id"] is None
+        for child in ("rollout", "update"):
+            assert by_name[child]["parent_span_id"] == root["span_id"]
+            assert by_name[child]["trace_id"] == root["trace_id"]
+        assert by_name["rollout"]["attributes"]["ml.lane"] == 2
+        assert by_name["rollout"]["attributes"]["ml.label.model"] == "actor"
+        assert by_name["rollout"]["resource"]["service.name"] == "grpo-trainer"
+
+
+def test_generations_travel_as_log_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_tracking import ValidationGenerationsLogger
+
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        tracking = Tracking("proj", "exp", default_backend="console")
+        ValidationGenerationsLogger("proj", "exp").log(["wandb"], [("2+2?", "4", 1.0), ("3+3?", "7", 0.0)], step=5)
+        tracking.finish()
+        records = wait_for(receiver.received.log_records, what="log records")
+        (record,) = records
+        assert record["event_name"] == "ml.validation.generations"
+        assert record["attributes"]["ml.step"] == 5
+        assert record["body"] == {"samples": [["2+2?", "4", 1.0], ["3+3?", "7", 0.0]]}
+
+
+def test_headers_are_sent_but_never_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    secret = "s3cr3t-token-value"
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"authorization=Bearer%20{secret}")
+        monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", f"api_key={secret},team=rl")
+        tracking = Tracking("proj", "exp", default_backend="file", config={"trainer": {"api_key": secret}})
+        with trace_state("rollout", token=secret):
+            tracking.log({"x": 1.0}, 1)
+        where = tracking.where()
+        tracking.finish()
+        wait_for(receiver.received.spans, what="spans")
+        assert any(h.get("authorization") == f"Bearer {secret}" for h in receiver.received.headers)
+        assert secret not in json.dumps(where)
+        for span in receiver.received.spans():
+            assert secret not in json.dumps(span)
+        for resource, *_ in receiver.received.gauge_points():
+            assert secret not in json.dumps(resource)
+    for path in tmp_path.rglob("*.jsonl"):
+        assert secret not in path.read_text()
+
+
+def test_metrics_exporter_otlp_and_file_through_the_facade(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp,file")
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+        tracking = Tracking("proj", "exp", default_backend="console")
+        tracking.log({"loss": 1.5}, 1)
+        tracking.log({"loss": 1.25}, 2)
+        tracking.finish()
+        assert wait_for(receiver.received.last_gauges, what="gauges")["loss"] == 1.25
+        assert receiver.received.traces == []
+    lines = [json.loads(line) for line in (tmp_path / "proj" / "exp.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "data": {"loss": 1.5}}, {"step": 2, "data": {"loss": 1.25}}]
+
+
+def test_plain_sdk_autoconfiguration_finds_our_file_exporter(tmp_path: Path) -> None:
+    """No facade: the SDK's own auto-configuration loads `file` by entry point beside `otlp`."""
+    script = textwrap.dedent(
+        """
+        from opentelemetry import metrics, trace
+        from opentelemetry.sdk._configuration import _OTelSDKConfigurator
+
+        _OTelSDKConfigurator().configure()
+        meter = metrics.get_meter("app")
+        loss = meter.create_gauge("train/loss")
+        step = meter.create_gauge("train.step")
+        for i in range(3):
+            step.set(i)
+            loss.set(1.0 / (i + 1))
+            metrics.get_meter_provider().force_flush()
+        with trace.get_tracer("app").start_as_current_span("epoch"):
+            pass
+        metrics.get_meter_provider().shutdown()
+        trace.get_tracer_provider().shutdown()
+        """
+    )
+    with HttpReceiver() as receiver:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update(
+            OTEL_METRICS_EXPORTER="otlp,file",
+            OTEL_TRACES_EXPORTER="file",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_RESOURCE_ATTRIBUTES="ml.project=plain,ml.experiment=sdk",
+            VERL_FILE_LOGGER_ROOT=str(tmp_path),
+        )
+        subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60, cwd=tmp_path)
+        assert wait_for(receiver.received.last_gauges, what="gauges")["train/loss"] == pytest.approx(1 / 3)
+    lines = [json.loads(line) for line in (tmp_path / "plain" / "sdk.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["data"]) for line in lines] == [
+        (0, {"train/loss": 1.0}),
+        (1, {"train/loss": 0.5}),
+        (2, {"train/loss": pytest.approx(1 / 3)}),
+    ]
+    events = [json.loads(line) for line in (tmp_path / "plain" / "sdk.events.jsonl").read_text().splitlines()]
+    assert [event["name"] for event in events if event["type"] == "span"] == ["epoch"]

@@ -1,0 +1,82 @@
+"""RLInsightLogger: the reference's class API on OTel spans and gauges, gated by VERL_RL_INSIGHT_ENABLE."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from otel_tracking import RLInsightLogger, Tracking
+from tests.otlp_receiver import HttpReceiver, wait_for
+
+
+@pytest.fixture(autouse=True)
+def reset_logger():
+    yield
+    RLInsightLogger.finish()
+    RLInsightLogger.registered_targets.clear()
+
+
+def test_disabled_is_a_no_op(isolated: Path) -> None:
+    assert not RLInsightLogger.enabled()
+    RLInsightLogger.init("p", "e", {"trainer": {}})
+    RLInsightLogger.log({"x": 1.0}, 1)
+    with RLInsightLogger.trace_state("rollout", state_lane_id=0):
+        pass
+    RLInsightLogger.register_rollout_metrics(["127.0.0.1:8000"], "vllm")
+    assert RLInsightLogger._run is None and RLInsightLogger.registered_targets == []
+    tracking = Tracking("p", "e", default_backend=["rl_insight", "file"])
+    tracking.log({"x": 1.0}, 1)
+    assert set(tracking.finish()) == {"file"}
+
+
+def test_enabled_exports_gauges_and_spans_over_otlp(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_RL_INSIGHT_ENABLE", "1")
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        RLInsightLogger("proj", "exp", config=None)
+        with RLInsightLogger.trace_state("rollout", state_lane_id=3, engine="vllm"):
+            with RLInsightLogger.trace_state("generate", state_lane_id=3):
+                pass
+        RLInsightLogger.log({"rollout/throughput": 123.5, "note": "not a number"}, step=2)
+        RLInsightLogger.finish()
+        gauges = wait_for(receiver.received.last_gauges, what="gauges")
+        assert gauges["rollout/throughput"] == 123.5 and gauges["train.step"] == 2
+        assert "note" not in gauges
+        spans = {s["name"]: s for s in wait_for(receiver.received.spans, what="spans")}
+        assert spans["generate"]["parent_span_id"] == spans["rollout"]["span_id"]
+        assert spans["rollout"]["attributes"]["ml.lane"] == 3
+        assert spans["rollout"]["attributes"]["ml.label.engine"] == "vllm"
+
+
+def test_tracking_backend_shares_its_run(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_RL_INSIGHT_ENABLE", "1")
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        tracking = Tracking("proj", "exp", default_backend=["rl_insight", "file"])
+        assert RLInsightLogger._run is tracking._run
+        tracking.log({"loss": 0.5}, 1)
+        RLInsightLogger.log({"insight_only": 1.0}, 1)  # OTLP only, not the ML sinks
+        tracking.finish()
+        assert RLInsightLogger._run is None
+        gauges = wait_for(receiver.received.last_gauges, what="gauges")
+        assert gauges["loss"] == 0.5 and gauges["insight_only"] == 1.0
+    lines = [json.loads(line) for line in (isolated / "proj" / "exp.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "data": {"loss": 0.5}}]
+
+
+def test_register_metrics_writes_file_sd_targets_once(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_RL_INSIGHT_ENABLE", "1")
+    targets = isolated / "targets"
+    monkeypatch.setenv("OTEL_TRACKING_TARGETS_DIR", str(targets))
+    labels = [{"replica": "0"}, {"replica": "1"}]
+    RLInsightLogger.register_rollout_metrics(["http://127.0.0.1:8001/", "127.0.0.1:8002"], "vllm", labels)
+    RLInsightLogger.register_rollout_metrics(["http://127.0.0.1:8001/", "127.0.0.1:8002"], "vllm", labels)
+    files = list(targets.glob("*.json"))
+    assert len(files) == 1
+    assert json.loads(files[0].read_text()) == [
+        {"targets": ["127.0.0.1:8001"], "labels": {"job": "vllm", "replica": "0"}},
+        {"targets": ["127.0.0.1:8002"], "labels": {"job": "vllm", "replica": "1"}},
+    ]
+    assert len(RLInsightLogger.registered_targets) == 2

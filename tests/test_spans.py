@@ -1,0 +1,151 @@
+"""trace_state: the span tree, lanes and labels, across threads and asyncio tasks, read back from
+the file sink's events file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from otel_tracking import Tracking, trace_state
+
+
+def spans(root: Path) -> list[dict]:
+    lines = (root / "proj" / "exp.events.jsonl").read_text().splitlines()
+    return [event for event in map(json.loads, lines) if event["type"] == "span"]
+
+
+def test_nesting_lane_labels_and_step(isolated: Path) -> None:
+    tracking = Tracking("proj", "exp", default_backend="file")
+    tracking.log({"x": 1}, 7)
+    with trace_state("step"):
+        with trace_state("rollout", state_lane_id="worker-3", model="actor", temperature=0.7):
+            pass
+        with trace_state("update", step=42):
+            pass
+    tracking.finish()
+    by_name = {span["name"]: span for span in spans(isolated)}
+    assert by_name["rollout"]["parent_span_id"] == by_name["step"]["span_id"]
+    assert by_name["update"]["parent_span_id"] == by_name["step"]["span_id"]
+    assert by_name["step"]["parent_span_id"] is None
+    assert by_name["rollout"]["attributes"] == {
+        "ml.lane": "worker-3",
+        "ml.label.model": "actor",
+        "ml.label.temperature": 0.7,
+        "ml.step": 8,
+    }
+    assert by_name["update"]["attributes"]["ml.step"] == 42
+    assert by_name["rollout"]["duration_s"] >= 0
+
+
+def test_decorator_sync_and_async_and_errors(isolated: Path) -> None:
+    tracking = Tracking("proj", "exp", default_backend="file")
+
+    @trace_state("reward", state_lane_id=0)
+    def reward(x: int) -> int:
+        return x * 2
+
+    @trace_state("generate", state_lane_id=1)
+    async def generate(x: int) -> int:
+        await asyncio.sleep(0)
+        return x + 1
+
+    assert reward(3) == 6
+    assert reward(4) == 8
+    assert asyncio.run(generate(1)) == 2
+    with pytest.raises(KeyError), trace_state("failing"):
+        raise KeyError("boom")
+    tracking.finish()
+    got = spans(isolated)
+    assert [s["name"] for s in got] == ["reward", "reward", "generate", "failing"]
+    assert len({s["span_id"] for s in got}) == 4, "each call is its own span"
+    assert got[3]["status"] == "ERROR"
+    assert got[3]["events"][0]["name"] == "exception"
+
+
+def test_threads_keep_their_own_nesting(isolated: Path) -> None:
+    tracking = Tracking("proj", "exp", default_backend="file")
+    barrier = threading.Barrier(8)
+
+    def worker(lane: int) -> None:
+        with trace_state("rollout", state_lane_id=lane):
+            barrier.wait()  # all eight are open at once
+            for _ in range(5):
+                with trace_state("generate", state_lane_id=lane):
+                    pass
+
+    threads = [threading.Thread(target=worker, args=(lane,)) for lane in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    tracking.finish()
+    got = spans(isolated)
+    parents = {s["span_id"]: s for s in got if s["name"] == "rollout"}
+    children = [s for s in got if s["name"] == "generate"]
+    assert len(parents) == 8 and len(children) == 40
+    for child in children:
+        parent = parents[child["parent_span_id"]]
+        assert parent["attributes"]["ml.lane"] == child["attributes"]["ml.lane"], "lanes never mix"
+
+
+def test_thousand_concurrent_coroutines_lose_nothing_and_mix_no_lanes(isolated: Path) -> None:
+    tracking = Tracking("proj", "exp", default_backend="file")
+
+    async def one(lane: int) -> None:
+        async with trace_state("request", state_lane_id=lane):
+            await asyncio.sleep(0.001)
+            with trace_state("decode", state_lane_id=lane):
+                await asyncio.sleep(0)
+
+    async def main() -> None:
+        with trace_state("rollout"):
+            await asyncio.gather(*(one(lane) for lane in range(1000)))
+
+    asyncio.run(main())
+    tracking.finish()
+    got = spans(isolated)
+    (root,) = [s for s in got if s["name"] == "rollout"]
+    requests = {s["span_id"]: s for s in got if s["name"] == "request"}
+    decodes = [s for s in got if s["name"] == "decode"]
+    assert len(requests) == 1000 and len(decodes) == 1000
+    assert all(r["parent_span_id"] == root["span_id"] for r in requests.values())
+    for decode in decodes:
+        assert requests[decode["parent_span_id"]]["attributes"]["ml.lane"] == decode["attributes"]["ml.lane"]
+
+
+def test_context_copied_into_a_worker_thread_nests(isolated: Path) -> None:
+    tracking = Tracking("proj", "exp", default_backend="file")
+
+    def child() -> None:
+        with trace_state("generate"):
+            pass
+
+    with trace_state("rollout"):
+        context = contextvars.copy_context()
+        thread = threading.Thread(target=context.run, args=(child,))
+        thread.start()
+        thread.join()
+    tracking.finish()
+    by_name = {s["name"]: s for s in spans(isolated)}
+    assert by_name["generate"]["parent_span_id"] == by_name["rollout"]["span_id"]
+
+
+def test_without_a_run_trace_state_is_harmless() -> None:
+    with trace_state("orphan", state_lane_id=1):
+        pass
+
+    @trace_state("orphan-fn")
+    def f() -> int:
+        return 1
+
+    assert f() == 1
+
+
+def test_empty_state_name_is_rejected() -> None:
+    with pytest.raises(ValueError, match="non-empty state name"):
+        trace_state("")

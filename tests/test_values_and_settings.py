@@ -1,0 +1,172 @@
+"""The documented conversion rules, the instrument naming rule, and configuration errors."""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from otel_tracking import ConfigError, Tracking
+from otel_tracking.redact import REDACTED, is_secret_key, redact_config
+from otel_tracking.settings import build_settings
+from otel_tracking.values import InstrumentNames, to_number, to_step
+
+SDK_NAME = re.compile(r"[a-zA-Z][-_./a-zA-Z0-9]{0,254}")  # opentelemetry-api 1.45's instrument name rule
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1, 1),
+        (True, True),
+        (0.5, 0.5),
+        (np.float64(0.5), 0.5),
+        (np.int32(-4), -4),
+        (np.bool_(True), True),
+        (np.array(2.5), 2.5),
+        (Fraction(1, 4), 0.25),
+        (2**64, float(2**64)),
+        ("1.0", None),
+        (None, None),
+        ([1.0], None),
+        (np.array([1.0]), None),
+        (1j, None),
+        ({"a": 1}, None),
+    ],
+)
+def test_to_number(value, expected) -> None:
+    got = to_number(value)
+    assert got == expected and type(got) is type(expected)
+
+
+def test_non_finite_numbers_are_kept() -> None:
+    assert math.isnan(to_number(np.float32("nan")))
+    assert to_number(float("-inf")) == float("-inf")
+
+
+@pytest.mark.parametrize(("step", "expected"), [(3, 3), (np.int64(3), 3), (3.0, 3), (np.float64(4.0), 4), (-1, -1)])
+def test_steps(step, expected) -> None:
+    assert to_step(step) == expected
+
+
+@pytest.mark.parametrize("step", [None, "1", 1.5, True, float("nan"), [1]])
+def test_bad_steps(step) -> None:
+    with pytest.raises(TypeError, match="step must be an integer"):
+        to_step(step)
+
+
+def test_instrument_name_rule() -> None:
+    names = InstrumentNames()
+    cases = {
+        "train/loss": "train/loss",
+        "val-core/openai/gsm8k/reward/mean@4": "val-core/openai/gsm8k/reward/mean_at_4",
+        "timing s/gen (ms)": "timing_s/gen__ms_",
+        "0_first": "m_0_first",
+        "": "m_",
+        "schätzung": "sch_tzung",
+        "_private": "m__private",
+        "x" * 300: "x" * 255,
+    }
+    for key, expected in cases.items():
+        assert names(key) == expected
+        assert SDK_NAME.fullmatch(names(key))
+    # Collisions: a different key that maps to a taken name gets a suffix; the same key keeps its name.
+    assert names("a b") == "a_b"
+    assert names("a_b") == "a_b_2"
+    assert names("a?b") == "a_b_3"
+    assert names("a b") == "a_b"
+    assert names("y" * 300) == "y" * 255
+    assert names("y" * 301) == "y" * 253 + "_2"
+
+
+def test_secret_keys() -> None:
+    for key in [
+        "api_key",
+        "WANDB_API_KEY",
+        "hf_token",
+        "token",
+        "password",
+        "db.password",
+        "secret",
+        "VOLC_SECRET_ACCESS_KEY",
+        "VOLC_ACCESS_KEY_ID",
+        "client_secret",
+        "Authorization",
+    ]:
+        assert is_secret_key(key), key
+    for key in ["ppo_max_token_len_per_gpu", "max_new_tokens", "tokenizer", "secretary_count", "task", "lr"]:
+        assert not is_secret_key(key), key
+    config = {"trainer": {"wandb_api_key": "abc", "logger": ["wandb"]}, "list": [{"token": "t"}], "lr": 1e-6}
+    assert redact_config(config) == {
+        "trainer": {"wandb_api_key": REDACTED, "logger": ["wandb"]},
+        "list": [{"token": REDACTED}],
+        "lr": 1e-6,
+    }
+    assert config["trainer"]["wandb_api_key"] == "abc", "the caller's config is not modified"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not supported"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "soon", "OTEL_METRIC_EXPORT_INTERVAL='soon' is not a number"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "-5", "must be positive"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4317", "must be an http:// or https:// URL"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:99999", "malformed port"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "ftp://x", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT must be"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "authorization", "OTEL_EXPORTER_OTLP_HEADERS has an entry without"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "=x", "OTEL_RESOURCE_ATTRIBUTES has an entry without"),
+        ("OTEL_SDK_DISABLED", "maybe", "OTEL_SDK_DISABLED='maybe' is not a boolean"),
+        ("OTEL_METRICS_EXPORTER", "none,otlp", "'none' cannot be combined"),
+        ("OTEL_TRACES_EXPORTER", "zipkin_json_nope", "neither one of our backends"),
+    ],
+)
+def test_bad_configuration_is_one_clear_error_at_construction(monkeypatch, variable, value, message) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Tracking("p", "e", default_backend="console")
+
+
+def test_header_values_never_appear_in_errors(monkeypatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "api-key=supersecret,broken")
+    with pytest.raises(ConfigError) as caught:
+        Tracking("p", "e", default_backend="console")
+    assert "supersecret" not in str(caught.value)
+
+
+def test_otlp_selection_rules() -> None:
+    s = build_settings("p", "e", (), env={})
+    assert not s.otlp.any, "no endpoint and no OTEL_*_EXPORTER: no OTLP (nothing to send to)"
+    s = build_settings("p", "e", (), env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    assert s.otlp.traces and s.otlp.metrics and s.otlp.logs
+    s = build_settings("p", "e", (), env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:1", "OTEL_LOGS_EXPORTER": "none"})
+    assert s.otlp.traces and not s.otlp.logs
+    s = build_settings("p", "e", (), env={"OTEL_TRACES_EXPORTER": "otlp,file"})
+    assert s.otlp.traces and not s.otlp.metrics and s.extra_span_exporters == ("file",)
+    s = build_settings(
+        "p",
+        "e",
+        (),
+        env={
+            "OTEL_SDK_DISABLED": "true",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:1",
+            "OTEL_METRICS_EXPORTER": "otlp,file",
+        },
+    )
+    assert not s.otlp.any and s.extra_metric_exporters == ()
+    s = build_settings("p", "e", (), env={"OTEL_SERVICE_NAME": "svc", "OTEL_METRIC_EXPORT_INTERVAL": "250"})
+    assert s.service_name == "svc" and s.otlp.metric_interval_s == 0.25
+    assert build_settings("proj", "e", (), env={}).service_name == "proj"
+
+
+def test_sdk_disabled_keeps_the_named_backends(isolated, monkeypatch) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    tracking = Tracking("proj", "exp", default_backend="file")
+    tracking.log({"x": 1}, 1)
+    stats = tracking.finish()
+    assert set(stats) == {"file"}
+    assert (isolated / "proj" / "exp.jsonl").read_text() == '{"step":1,"data":{"x":1}}\n'
