@@ -64,6 +64,7 @@ class BridgeContext:
     config: Any = None
     env: Mapping[str, str] = field(default_factory=dict)
     run_id: str | None = None
+    resume: Mapping[str, Any] | None = None  # from a spool header, on replay: reattach to that run
 
     @classmethod
     def from_env(cls) -> BridgeContext:
@@ -81,6 +82,7 @@ class BridgeParts:
     logs: Any = None  # LogRecordExporter
     finish: Callable[[int], None] | None = None  # ends the backend's run with the exit code
     where: str | None = None  # where the data went, for the end-of-run summary
+    resume: dict[str, Any] | None = None  # what open_bridge needs (as context.resume) to reattach to this run
 
 
 @dataclass

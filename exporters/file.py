@@ -23,9 +23,9 @@ from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from otel_tracking.exporters._base import StepMetricExporter, StepRecord, hex_id, span_duration_s
 
 from otel_tracking import settings
+from otel_tracking.exporters._base import StepMetricExporter, StepRecord, hex_id, span_duration_s
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 

@@ -106,6 +106,11 @@ class Tracking:
 
     # --- beyond the reference --------------------------------------------------------------------
 
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until what was logged so far has left the queues (delivered, or spooled); ``log()``
+        itself never waits.  False if ``timeout_s`` passed first."""
+        return self._run.flush(timeout_s) if self._run is not None else True
+
     @property
     def run_id(self) -> str | None:
         return self._run.settings.run_id if self._run else None

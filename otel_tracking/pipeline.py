@@ -1,11 +1,12 @@
 """The delivery layer: the one place that calls exporters.
 
-A :class:`Sink` is one backend (file, console, wandb, ...): up to three small synchronous OTel
+A :class:`Sink` is one backend (file, console, wandb, OTLP, ...): up to three small synchronous OTel
 exporters that share a backend session.  This layer hands them data and keeps one backend's
-failure from reaching the training loop or the other backends: every call is guarded, counted,
-and reported once.  Threads and queues, where there are any, live here and only here (the OTLP
-path's periodic metric export is :class:`PeriodicExport`; the OTLP span/log exporters run under the
-SDK's batch processors).
+failure or slowness from reaching the training loop or the other backends.  Every export is
+guarded and counted; a sink whose data must be on disk when ``log()`` returns (file, console) is
+called inline, every other sink gets a :class:`~otel_tracking.delivery.Worker` (bounded queue,
+retry with backoff, spool).  Threads live here and in ``delivery.py`` only: the workers and the
+periodic OTLP gauge export (:class:`PeriodicExport`).
 """
 
 from __future__ import annotations
@@ -18,22 +19,25 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk._logs import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
-from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_tracking.delivery import Policy, Spool, Worker
 
 logger = logging.getLogger("otel_tracking")
 
 
 @dataclass
 class SinkStats:
-    delivered: int = 0  # export calls that succeeded
-    failed: int = 0  # export calls that raised or returned FAILURE; their data did not arrive
-    retried: int = 0
-    spooled: int = 0
-    dropped: int = 0
+    """Items (one per log() call, span or log record) and what became of them."""
+
+    delivered: int = 0  # exported successfully
+    failed: int = 0  # export attempts that raised or returned FAILURE (each is retried or spooled)
+    retried: int = 0  # attempts after the first
+    spooled: int = 0  # kept on disk for ``otel-tracking replay``
+    dropped: int = 0  # lost: queue full with no spool, or the spool itself failed
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -43,7 +47,7 @@ _FAILED = (MetricExportResult.FAILURE, SpanExportResult.FAILURE)
 
 
 class Sink:
-    """One backend's exporters, guarded and counted."""
+    """One backend's exporters, guarded and counted; inline or behind a worker."""
 
     def __init__(
         self,
@@ -54,6 +58,8 @@ class Sink:
         on_finish: Callable[[int], None] | None = None,
         where: str | None = None,
         named_events_only: bool = False,
+        inline: bool = False,
+        resume: dict[str, Any] | None = None,
     ) -> None:
         self.name = name
         # ML bridges write an event (generations, tables) only when the caller named their backend
@@ -63,23 +69,43 @@ class Sink:
         self.spans = spans
         self.logs = logs
         self.where = where  # shown to the user at the end of a run: where this sink wrote
+        self.inline = inline  # called on the caller's thread (file, console): on disk when log() returns
+        self.resume = resume  # what replay needs to reattach to this backend's run (e.g. an MLflow run id)
         self._on_finish = on_finish
         self.stats = SinkStats()
+        self.worker: Worker | None = None
         self._lock = threading.Lock()
         self._warned = False
         self._finished = False
 
-    def _call(self, what: str, export: Callable[[Any], Any], payload: Any) -> None:
+    def start(self, spool: Spool | None, policy: Policy | None = None) -> None:
+        """Give a non-inline sink its worker (the run does this once its spool path is known)."""
+        if not self.inline and self.worker is None:
+            self.worker = Worker(self.name, self.deliver, self.count, spool, policy)
+
+    def count(self, field: str, n: int) -> None:
+        with self._lock:
+            setattr(self.stats, field, getattr(self.stats, field) + n)
+
+    def deliver(self, kind: str, payload: Any) -> bool:
+        """One guarded export call; True when the backend took it."""
+        exporter = {"metrics": self.metrics, "spans": self.spans, "logs": self.logs}[kind]
         try:
-            result = export(payload)
+            result = exporter.export(payload)  # type: ignore[union-attr]
         except Exception as error:
-            self._count_failure(what, error)
-            return
+            self._count_failure(kind, error)
+            return False
         if result in _FAILED or getattr(result, "name", "") == "FAILURE":
-            self._count_failure(what, None)
+            self._count_failure(kind, None)
+            return False
+        self.count("delivered", 1 if kind == "metrics" else len(payload))
+        return True
+
+    def _submit(self, kind: str, payload: Any) -> None:
+        if self.worker is not None:
+            self.worker.submit(kind, payload)
         else:
-            with self._lock:
-                self.stats.delivered += 1
+            self.deliver(kind, payload)
 
     def _count_failure(self, what: str, error: BaseException | None) -> None:
         with self._lock:
@@ -97,11 +123,11 @@ class Sink:
 
     def export_metrics(self, data: MetricsData) -> None:
         if self.metrics is not None:
-            self._call("metrics", self.metrics.export, data)
+            self._submit("metrics", data)
 
     def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
         if self.spans is not None:
-            self._call("spans", self.spans.export, spans)
+            self._submit("spans", spans)
 
     def export_logs(self, records: Sequence[ReadableLogRecord]) -> None:
         if self.logs is None:
@@ -110,17 +136,20 @@ class Sink:
             records = [r for r in records if self._is_named(r)]
             if not records:
                 return
-        self._call("logs", self.logs.export, records)
+        self._submit("logs", records)
 
     def _is_named(self, item: ReadableLogRecord) -> bool:
         backends = (item.log_record.attributes or {}).get("ml.backends")
         return not isinstance(backends, (list, tuple)) or self.name in backends
 
-    def finish(self, exit_code: int) -> None:
-        """Flush and shut down every exporter, then end the backend's run; once."""
+    def finish(self, exit_code: int, timeout_s: float = 30.0) -> None:
+        """Drain the queue (spooling what cannot go before the deadline), flush and shut down every
+        exporter, then end the backend's run; once."""
         if self._finished:
             return
         self._finished = True
+        if self.worker is not None:
+            self.worker.stop(timeout_s)
         for exporter in (self.metrics, self.spans, self.logs):
             if exporter is None:
                 continue
@@ -209,32 +238,3 @@ class PeriodicExport:
         self._stop.set()
         self._thread.join(timeout_s)
         self._export_once()
-
-
-class SinkAsSpanExporter(SpanExporter):
-    """Lets the SDK's BatchSpanProcessor (the OTLP path's thread and queue) feed a Sink, so OTLP
-    exports are guarded and counted like every other sink's."""
-
-    def __init__(self, sink: Sink) -> None:
-        self._sink = sink
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self._sink.export_spans(spans)
-        return SpanExportResult.SUCCESS
-
-
-class SinkAsLogExporter(LogRecordExporter):
-    """The same for the SDK's BatchLogRecordProcessor."""
-
-    def __init__(self, sink: Sink) -> None:
-        self._sink = sink
-
-    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        self._sink.export_logs(batch)
-        return LogRecordExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        return None

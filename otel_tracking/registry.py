@@ -46,7 +46,7 @@ _GROUPS = {
 }
 
 
-def build_sink(name: str, settings: Settings, config: Any) -> Sink:
+def build_sink(name: str, settings: Settings, config: Any, resume: Any = None) -> Sink:
     """The sink for one of our backend names (not ``rl_insight``, which is the OTLP path)."""
     if name == "file":
         from otel_tracking.exporters.file import FileLogExporter, FileMetricExporter, FileSink, FileSpanExporter
@@ -60,12 +60,13 @@ def build_sink(name: str, settings: Settings, config: Any) -> Sink:
             metrics=FileMetricExporter(files),
             spans=FileSpanExporter(files),
             logs=FileLogExporter(files),
+            inline=True,
             where=f"{files.path.resolve()} (metrics), {files.events_path.resolve()} (spans, events)",
         )
     if name == "console":
         from otel_tracking.exporters.console import ConsoleMetricExporter
 
-        return Sink("console", metrics=ConsoleMetricExporter(), where="stdout")
+        return Sink("console", metrics=ConsoleMetricExporter(), where="stdout", inline=True)
     module_name = _BRIDGES.get(name)
     if module_name is None:
         raise ConfigError(f"{name!r} is not a backend; supported: {', '.join(SUPPORTED_BACKENDS)}")
@@ -78,6 +79,7 @@ def build_sink(name: str, settings: Settings, config: Any) -> Sink:
         config=redact_config(config),
         env=settings.env,
         run_id=settings.run_id,
+        resume=resume,
     )
     parts = module.open_bridge(context)
     return Sink(
@@ -88,6 +90,7 @@ def build_sink(name: str, settings: Settings, config: Any) -> Sink:
         on_finish=parts.finish,
         where=parts.where,
         named_events_only=True,
+        resume=parts.resume,
     )
 
 

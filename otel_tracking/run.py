@@ -6,7 +6,9 @@ its own (built here, per process, never installed globally), and the shutdown or
 
 1. end the OTLP periodic metric export (one last export of the final values);
 2. flush and shut down the span and log providers (pending spans and records reach every sink);
-3. finish each sink: flush, shut down its exporters, end the backend's run with the exit code.
+3. drain every sink's queue, all at once, until ``OTEL_TRACKING_FINISH_TIMEOUT`` (what is left is
+   spooled, never silently lost);
+4. finish each sink: shut down its exporters, end the backend's run with the exit code.
 
 ``finish()`` is idempotent.  A run that was not finished is finished at interpreter exit by a hook
 that runs before every ``atexit`` hook (``threading``'s exit hook, which runs when the main thread
@@ -31,14 +33,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from otel_tracking import __version__
-from otel_tracking.pipeline import (
-    PeriodicExport,
-    Sink,
-    SinkAsLogExporter,
-    SinkAsSpanExporter,
-    SinkLogProcessor,
-    SinkSpanProcessor,
-)
+from otel_tracking.delivery import Spool
+from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor
 from otel_tracking.redact import is_secret_key
 from otel_tracking.settings import Settings
 from otel_tracking.steps import LatestValues, step_batch
@@ -92,8 +88,8 @@ class Run:
         periodic_sinks: Sequence[Sink] = (),
     ) -> None:
         """``sinks`` get every log() call; ``otlp_sinks`` ("metrics"/"traces"/"logs") and
-        ``periodic_sinks`` are observability exporters fed by the SDK's batch processors and by a
-        periodic export of the latest values."""
+        ``periodic_sinks`` are observability exporters: spans and log records as they end, gauges
+        as a periodic export of the latest values."""
         self.settings = settings
         self.pid = os.getpid()
         self.resource = build_resource(settings)
@@ -103,6 +99,8 @@ class Run:
         self._finish_lock = threading.Lock()
         otlp_sinks = dict(otlp_sinks or {})
         self.observability_sinks = [*otlp_sinks.values(), *periodic_sinks]
+        for sink in self.all_sinks:
+            sink.start(self._spool_for(sink), settings.delivery)
 
         metric_sinks = [s for s in (otlp_sinks.get("metrics"), *periodic_sinks) if s is not None]
         self._latest = LatestValues() if metric_sinks else None
@@ -111,11 +109,9 @@ class Run:
         ]
 
         self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False)
-        # Entry-point exporters fed periodically with metrics may take spans and logs too.
-        self.tracer_provider.add_span_processor(SinkSpanProcessor([*self.sinks, *periodic_sinks]))
+        self.tracer_provider.add_span_processor(SinkSpanProcessor(self.all_sinks))
         self.logger_provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
-        self.logger_provider.add_log_record_processor(SinkLogProcessor([*self.sinks, *periodic_sinks]))
-        self._add_batch_processors(otlp_sinks)
+        self.logger_provider.add_log_record_processor(SinkLogProcessor(self.all_sinks))
         self.tracer: Tracer = self.tracer_provider.get_tracer("otel_tracking", __version__)
         self.event_logger = self.logger_provider.get_logger("otel_tracking", __version__)
 
@@ -123,15 +119,23 @@ class Run:
             _active_runs.append(weakref.ref(self))
         _at_exit(self)
 
-    def _add_batch_processors(self, otlp_sinks: Mapping[str, Sink]) -> None:
-        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    @property
+    def all_sinks(self) -> list[Sink]:
+        return [*self.sinks, *self.observability_sinks]
 
-        traces, logs = otlp_sinks.get("traces"), otlp_sinks.get("logs")
-        if traces is not None and traces.spans is not None:
-            self.tracer_provider.add_span_processor(BatchSpanProcessor(SinkAsSpanExporter(traces)))
-        if logs is not None and logs.logs is not None:
-            self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(SinkAsLogExporter(logs)))
+    def _spool_for(self, sink: Sink) -> Spool | None:
+        if sink.inline:
+            return None
+        s = self.settings
+        header = {
+            "sink": sink.name,
+            "project": s.project,
+            "experiment": s.experiment,
+            "run_id": s.run_id,
+            "resume": sink.resume,
+            "pid": self.pid,
+        }
+        return Spool(s.spool_dir / f"{sink.name}.jsonl", header)
 
     def _snapshot(self) -> Any:
         return self._latest.snapshot(self.resource) if self._latest is not None else None
@@ -170,6 +174,7 @@ class Run:
             self.finished = True
         if self.pid != os.getpid():
             return self.stats()
+        deadline = time.monotonic() + self.settings.finish_timeout_s
         for periodic in self._periodic:
             periodic.stop()
         for provider in (self.tracer_provider, self.logger_provider):
@@ -178,12 +183,28 @@ class Run:
                 provider.shutdown()
             except Exception:
                 logger.exception("otel-tracking: flushing %s failed", type(provider).__name__)
-        for sink in [*self.sinks, *self.observability_sinks]:
-            sink.finish(exit_code)
+        # Drain every worker at once, then finish sinks one by one: the deadline bounds the total.
+        for sink in self.all_sinks:
+            if sink.worker is not None:
+                sink.worker.flush(max(0.0, deadline - time.monotonic()))
+        for sink in self.all_sinks:
+            sink.finish(exit_code, timeout_s=max(0.0, deadline - time.monotonic()))
         return self.stats()
 
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every sink's worker handled what was submitted so far (delivered, or spooled
+        after its attempts); False if the timeout passed first."""
+        deadline = time.monotonic() + timeout_s
+        self.tracer_provider.force_flush()
+        self.logger_provider.force_flush()
+        return all(
+            sink.worker.flush(max(0.0, deadline - time.monotonic()))
+            for sink in self.all_sinks
+            if sink.worker is not None
+        )
+
     def stats(self) -> dict[str, dict[str, int]]:
-        return {sink.name: sink.stats.as_dict() for sink in [*self.sinks, *self.observability_sinks]}
+        return {sink.name: sink.stats.as_dict() for sink in self.all_sinks}
 
 
 def _at_exit(run: Run) -> None:

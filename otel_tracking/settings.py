@@ -9,12 +9,14 @@ variable's name, at construction time, rather than a traceback from deep inside 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from otel_tracking.delivery import Policy
 from otel_tracking.redact import redact_header_values
 
 # The OTel exporter names we understand in OTEL_*_EXPORTER besides our own backends.
@@ -108,6 +110,9 @@ class Settings:
     extra_span_exporters: tuple[str, ...] = ()
     extra_log_exporters: tuple[str, ...] = ()
     sdk_disabled: bool = False
+    delivery: Policy = field(default_factory=Policy)
+    finish_timeout_s: float = 30.0
+    spool_dir: Path = Path("spool")
     file_path: Path | None = None
     tensorboard_dir: Path | None = None
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -166,6 +171,13 @@ def build_settings(
         selected = dict.fromkeys(selected, False)
         extras = dict.fromkeys(extras, ())
 
+    run_id = e.get("OTEL_TRACKING_RUN_ID") or uuid.uuid4().hex
+    policy = Policy(
+        queue_size=int(_number(e, "OTEL_TRACKING_QUEUE_SIZE", Policy.queue_size, minimum=1)),
+        max_attempts=int(_number(e, "OTEL_TRACKING_MAX_ATTEMPTS", Policy.max_attempts, minimum=1)),
+        probe_interval_s=_number(e, "OTEL_TRACKING_PROBE_INTERVAL", Policy.probe_interval_s, minimum=0.0),
+    )
+
     resource_attributes = {}
     if "OTEL_RESOURCE_ATTRIBUTES" in e:
         resource_attributes = parse_key_value_list(e["OTEL_RESOURCE_ATTRIBUTES"], "OTEL_RESOURCE_ATTRIBUTES")
@@ -177,7 +189,7 @@ def build_settings(
         backends=backends,
         service_name=service_name,
         resource_attributes=resource_attributes,
-        run_id=e.get("OTEL_TRACKING_RUN_ID") or uuid.uuid4().hex,
+        run_id=run_id,
         rank=_rank(e),
         host=socket.gethostname(),
         otlp=OtlpSettings(
@@ -193,6 +205,9 @@ def build_settings(
         extra_span_exporters=extras["TRACES"],
         extra_log_exporters=extras["LOGS"],
         sdk_disabled=sdk_disabled,
+        delivery=policy,
+        finish_timeout_s=_number(e, "OTEL_TRACKING_FINISH_TIMEOUT", 30.0, minimum=0.0),
+        spool_dir=spool_dir(project, experiment, run_id, e),
         file_path=file_sink_path(project, experiment, e),
         tensorboard_dir=tensorboard_dir(project, experiment, e),
         env=e,
@@ -212,6 +227,30 @@ def _check_endpoint(value: str, variable: str) -> None:
         parts.port  # noqa: B018 - raises ValueError for a malformed port
     except ValueError:
         raise ConfigError(f"{variable} has a malformed port: {value!r}") from None
+
+
+def _number(env: Mapping[str, str], name: str, default: float, minimum: float) -> float:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be at least {minimum:g}")
+    return value
+
+
+def spool_root(env: Mapping[str, str] | None = None) -> Path:
+    raw = _env(env).get("OTEL_TRACKING_SPOOL_DIR")
+    return Path(os.path.expanduser(raw or "~/.cache/otel-tracking/spool"))
+
+
+def spool_dir(project: str, experiment: str, run_id: str, env: Mapping[str, str] | None = None) -> Path:
+    """<OTEL_TRACKING_SPOOL_DIR or ~/.cache/otel-tracking/spool>/<project>/<experiment>-<run id>/"""
+    safe = [re.sub(r"[^A-Za-z0-9_.\-]", "_", part) or "_" for part in (project, experiment)]
+    return spool_root(env) / safe[0] / f"{safe[1]}-{run_id}"
 
 
 def _rank(env: Mapping[str, str]) -> int | None:

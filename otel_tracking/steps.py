@@ -52,7 +52,7 @@ def _gauge(
     return Metric(name=name, description=description, unit=None, data=Gauge(data_points=[point]))
 
 
-def _wrap(resource: Resource, metrics: list[Metric]) -> MetricsData:
+def wrap(resource: Resource, metrics: list[Metric]) -> MetricsData:
     return MetricsData(
         resource_metrics=[
             ResourceMetrics(
@@ -74,7 +74,7 @@ def step_batch(
     step_attributes = {OTHERS_ATTRIBUTE: encode_others(others)} if others else _NO_ATTRIBUTES
     metrics = [_gauge(STEP_METRIC, step, time_ns, step_attributes)]
     metrics.extend(_gauge(key, value, time_ns) for key, value in scalars.items())
-    return _wrap(resource, metrics)
+    return wrap(resource, metrics)
 
 
 class LatestValues:
@@ -103,4 +103,4 @@ class LatestValues:
         for key, (value, time_ns) in items:
             name = self._names(key)
             metrics.append(_gauge(name, value, time_ns, description=key if name != key else None))
-        return _wrap(resource, metrics)
+        return wrap(resource, metrics)

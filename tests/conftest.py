@@ -38,6 +38,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     for name in list(os.environ):
         if name.startswith(_CLEARED_PREFIXES) or name == "RANK":
             monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_TRACKING_SPOOL_DIR", str(tmp_path / "spool"))
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

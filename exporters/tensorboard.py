@@ -1,0 +1,287 @@
+"""TensorBoard bridge: event files written with TensorBoard's own writer and protos; torch is not needed.
+
+What lands where (the reference wrote the same through ``torch.utils.tensorboard.SummaryWriter``):
+
+* directory: ``TENSORBOARD_DIR``, else ``tensorboard_log/<project>/<experiment>``; opening prints
+  ``Saving tensorboard log to {dir}.`` as the reference did;
+* each number of a ``log()`` call: a ``simple_value`` scalar (float32, as ``add_scalar`` stores it)
+  under the key exactly as written, at the call's step; NaN and +/-inf are stored as they are;
+  bools become 1.0/0.0.  All keys of one call share one event (the reference wrote one event per
+  key; TensorBoard reads back the same tag/step/value either way);
+* non-number values: skipped.  The reference passed them to ``add_scalar``, which raised on the
+  first one and lost the rest of that step (a documented fix);
+* each finished span: the scalar ``timing_s/state/<name>`` at the span's ``ml.step``;
+* validation generations: the reference's markdown text at the event's step, as
+  ``SummaryWriter.add_text`` stores it: tag ``val/generations/text_summary``, a one-element
+  ``DT_STRING`` tensor with plugin ``text`` (TensorBoard's Text tab shows it); the reference wrote
+  it through a second writer into the same directory, we write it into the run's one event file;
+* the DAPO filtered-reward table: nothing (the reference's table logger is wandb-only);
+* config/params: nothing (the reference's TensorBoard adapter logged none).
+
+The file is written with TensorBoard's own ``EventFileWriter`` (TensorBoard's record framing, its
+file naming, and the class wandb's ``sync_tensorboard`` hooks, as the reference's SummaryWriter
+used it), flushed after every write, so each export is in the file when it returns.  The writer's
+background thread is TensorBoard's, not ours.  Neither torch nor TensorFlow is imported; as with
+the reference's SummaryWriter, TensorBoard's file layer uses TensorFlow's ``gfile`` when
+TensorFlow happens to be installed and its own stub otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_tracking import settings
+from otel_tracking.exporters._base import BridgeContext, BridgeParts, StepMetricExporter, StepRecord, span_timing
+from otel_tracking.generations import GENERATIONS_EVENT, KEY_ATTRIBUTE, STEP_ATTRIBUTE
+
+logger = logging.getLogger("otel_tracking.exporters.tensorboard")
+
+GENERATIONS_KEY = "val/generations"
+# SummaryWriter.add_text(tag, ...) stores the text under "<tag>/text_summary".
+TEXT_SUFFIX = "/text_summary"
+
+
+def generations_text(samples: Sequence[Any], step: int) -> str:
+    """The reference's markdown for one call of ``ValidationGenerationsLogger.log``."""
+    parts = [f"**Generation Results - Step {step}**\n\n"]
+    for i, sample in enumerate(samples):
+        parts.append(f"### Sample {i + 1}\n")
+        if len(sample) >= 3:
+            parts.append(f"**Input:** {sample[0]}\n\n")
+            parts.append(f"**Output:** {sample[1]}\n\n")
+            parts.append(f"**Score:** {sample[2]}\n\n")
+        else:
+            parts.append(f"**Data:** {sample}\n\n")
+        parts.append("---\n\n")
+    return "".join(parts)
+
+
+class TensorboardSession:
+    """One event file in one directory, shared by a run's metric, span and log exporters."""
+
+    def __init__(self, directory: Path | str) -> None:
+        self.directory = Path(directory)
+        self.last_step = 0  # the step of the latest log() call: spans without ml.step land there
+        self.closed = False
+        self.users = 0  # exporters built without a session share one; the last shutdown closes it
+        self._writer: Any = None  # tensorboard's EventFileWriter
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        with self._lock:
+            self._open()
+
+    def _open(self) -> Any:
+        if self.closed:
+            raise RuntimeError(f"the TensorBoard session in {self.directory} is closed")
+        if self._writer is None:
+            # Looked up at open time, not imported by name: wandb's sync_tensorboard (used by the
+            # vemlp_wandb backend, as in the reference) hooks this class to find the log directory.
+            from tensorboard.summary.writer import event_file_writer
+
+            self._writer = event_file_writer.EventFileWriter(str(self.directory))
+        return self._writer
+
+    def write(self, step: int, values: list[Any], wall_time: float | None = None) -> None:
+        """One event holding ``values`` (``Summary.Value`` protos) at ``step``."""
+        if not values:
+            return
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        event = event_pb2.Event(
+            wall_time=wall_time or time.time(), step=step, summary=summary_pb2.Summary(value=values)
+        )
+        with self._lock:
+            writer = self._open()
+            writer.add_event(event)
+            writer.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            if self._writer is not None:
+                self._writer.close()
+            self._writer = None
+
+
+def scalar_value(tag: str, value: float) -> Any:
+    from tensorboard.compat.proto import summary_pb2
+
+    return summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
+
+
+def text_value(tag: str, text: str) -> Any:
+    """What ``SummaryWriter.add_text(tag, text)`` stores."""
+    from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+    from tensorboard.plugins.text import plugin_data_pb2
+
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(
+            plugin_name="text", content=plugin_data_pb2.TextPluginData(version=0).SerializeToString()
+        )
+    )
+    tensor = tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_STRING,
+        string_val=[text.encode("utf-8")],
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)]),
+    )
+    return summary_pb2.Summary.Value(tag=tag + TEXT_SUFFIX, metadata=metadata, tensor=tensor)
+
+
+# --- one process-wide session for exporters built with no arguments (plain OTel SDK setups) ------
+
+_shared_lock = threading.Lock()
+_shared: TensorboardSession | None = None
+
+
+def _acquire_shared() -> TensorboardSession:
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared.closed:
+            context = BridgeContext.from_env()
+            _shared = TensorboardSession(settings.tensorboard_dir(context.project, context.experiment, context.env))
+        _shared.users += 1
+        return _shared
+
+
+def _release_shared(session: TensorboardSession) -> None:
+    with _shared_lock:
+        session.users -= 1
+        if session.users > 0:
+            return
+    session.close()
+
+
+class _Uses:
+    """The session an exporter writes to; a shared one is released at shutdown."""
+
+    def __init__(self, session: TensorboardSession | None) -> None:
+        self.owned = session is None
+        self.session = _acquire_shared() if session is None else session
+        self._released = False
+
+    def release(self) -> None:
+        if self.owned and not self._released:
+            self._released = True
+            _release_shared(self.session)
+
+
+class TensorboardMetricExporter(StepMetricExporter):
+    def __init__(self, session: TensorboardSession | None = None) -> None:
+        super().__init__()
+        self._uses = _Uses(session)
+        self.session = self._uses.session
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        try:
+            for record in self.records(metrics_data):
+                self.write(record)
+        except Exception as error:
+            logger.debug("tensorboard: metrics export failed: %s", error)
+            return MetricExportResult.FAILURE
+        return MetricExportResult.SUCCESS
+
+    def write(self, record: StepRecord) -> None:
+        # Numbers only: TensorBoard scalars have no place for strings, lists or None.
+        values = [scalar_value(key, value) for key, value in record.scalars.items()]
+        wall_time = record.time_unix_nano / 1e9 if record.time_unix_nano else None
+        self.session.write(record.step, values, wall_time)
+        self.session.last_step = record.step
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._uses.release()
+
+
+class TensorboardSpanExporter(SpanExporter):
+    def __init__(self, session: TensorboardSession | None = None) -> None:
+        self._uses = _Uses(session)
+        self.session = self._uses.session
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            for span in spans:
+                step, key, seconds = span_timing(span, self.session.last_step)
+                wall_time = span.end_time / 1e9 if span.end_time else None
+                self.session.write(step, [scalar_value(key, seconds)], wall_time)
+        except Exception as error:
+            logger.debug("tensorboard: span export failed: %s", error)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True  # every write is flushed
+
+    def shutdown(self) -> None:
+        self._uses.release()
+
+
+class TensorboardLogExporter(LogRecordExporter):
+    """Validation generations as TensorBoard text; other log records have no TensorBoard form."""
+
+    def __init__(self, session: TensorboardSession | None = None) -> None:
+        self._uses = _Uses(session)
+        self.session = self._uses.session
+
+    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
+        try:
+            for item in batch:
+                record = item.log_record
+                if record.event_name != GENERATIONS_EVENT:
+                    continue
+                attributes = record.attributes or {}
+                raw = attributes.get(STEP_ATTRIBUTE)
+                step = int(raw) if isinstance(raw, (int, float)) else self.session.last_step
+                key = str(attributes.get(KEY_ATTRIBUTE, GENERATIONS_KEY))
+                body = record.body if isinstance(record.body, dict) else {}
+                samples = list(body.get("samples") or [])
+                wall_time = record.timestamp / 1e9 if record.timestamp else None
+                self.session.write(step, [text_value(key, generations_text(samples, step))], wall_time)
+        except Exception as error:
+            logger.debug("tensorboard: log export failed: %s", error)
+            return LogRecordExportResult.FAILURE
+        return LogRecordExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self._uses.release()
+
+
+def open_bridge(context: BridgeContext) -> BridgeParts:
+    directory = settings.tensorboard_dir(context.project, context.experiment, context.env)
+    session = TensorboardSession(directory)
+    session.open()  # create the directory and the event file now, as SummaryWriter did
+    print(f"Saving tensorboard log to {directory}.")
+
+    def finish(exit_code: int) -> None:
+        session.close()
+
+    return BridgeParts(
+        metrics=TensorboardMetricExporter(session),
+        spans=TensorboardSpanExporter(session),
+        logs=TensorboardLogExporter(session),
+        finish=finish,
+        where=f"{directory.resolve()} (TensorBoard event file)",
+    )
+
+
+__all__ = [
+    "TensorboardLogExporter",
+    "TensorboardMetricExporter",
+    "TensorboardSession",
+    "TensorboardSpanExporter",
+    "generations_text",
+    "open_bridge",
+]

@@ -1,0 +1,215 @@
+"""Off the training thread: one bounded queue and one worker thread per sink, retry with backoff,
+and a spool on disk for what the sink cannot take.
+
+    log() --submit()--> [bounded queue] --worker--> exporter.export()  (retried with backoff)
+                             | full                     | still failing
+                             v                          v
+                           spool (JSONL on disk, 0600; ``otel-tracking replay`` delivers it later)
+
+``submit()`` never blocks: a full queue spools the item (or, with no spool, drops and counts it).
+After an item has used up its attempts the sink is *degraded*: new items go straight to the spool
+(no waiting on a dead backend), and every ``probe_interval_s`` one item is tried again; one success
+ends the degraded state.  At ``stop()`` the queue is drained until the deadline, with at most one
+attempt per item; what is left is spooled.  Every outcome is counted in the sink's stats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otel_tracking.codec import DECODERS, ENCODERS
+
+logger = logging.getLogger("otel_tracking")
+
+_STOP = object()
+_MERGEABLE = ("spans", "logs")  # consecutive items of these kinds go out in one export call
+_MAX_MERGE = 512
+
+
+@dataclass(frozen=True)
+class Policy:
+    queue_size: int = 10_000
+    max_attempts: int = 4
+    backoff_s: float = 0.1
+    backoff_max_s: float = 2.0
+    probe_interval_s: float = 5.0
+
+
+class Spool:
+    """Append-only JSONL of undelivered items, readable by its owner only.  The first line is a
+    header saying which sink and run the items belong to, so that replay can rebuild the sink."""
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        self.header = header
+        self._file: Any = None
+        self._lock = threading.Lock()
+
+    def write(self, kind: str, payload: Any) -> None:
+        line = json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str) + "\n"
+        with self._lock:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self._file = os.fdopen(fd, "a", buffering=1)
+                if self.path.stat().st_size == 0:
+                    self._file.write(json.dumps({"header": self.header}) + "\n")
+            self._file.write(line)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def read_spool(path: Path) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """(header, [(kind, decoded payload), ...]) of a spool file."""
+    header: dict[str, Any] = {}
+    items: list[tuple[str, Any]] = []
+    with open(path) as f:
+        for number, line in enumerate(f):
+            if not line.strip():
+                continue
+            entry = json.loads(line)
+            if number == 0 and "header" in entry:
+                header = entry["header"]
+                continue
+            items.append((entry["kind"], DECODERS[entry["kind"]](entry["data"])))
+    return header, items
+
+
+class Worker:
+    """The queue and thread of one sink.  ``deliver(kind, payload) -> bool`` is the sink's guarded
+    export call; ``count(field, n)`` updates the sink's stats."""
+
+    def __init__(
+        self,
+        name: str,
+        deliver: Callable[[str, Any], bool],
+        count: Callable[[str, int], None],
+        spool: Spool | None,
+        policy: Policy | None = None,
+    ) -> None:
+        self.name = name
+        self._deliver = deliver
+        self._count = count
+        self.spool = spool
+        self.policy = policy or Policy()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.policy.queue_size)
+        self._stopping = threading.Event()
+        self._degraded_until = 0.0  # monotonic time of the next probe while degraded
+        self._thread = threading.Thread(target=self._run, name=f"otel-tracking-{name}", daemon=True)
+        self._thread.start()
+
+    # --- the training thread's side --------------------------------------------------------------
+
+    def submit(self, kind: str, payload: Any) -> None:
+        try:
+            self._queue.put_nowait((kind, payload))
+        except queue.Full:
+            self._set_aside(kind, payload)
+
+    # --- the worker's side -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        pending = None
+        while True:
+            item = pending if pending is not None else self._queue.get()
+            pending = None
+            if item is _STOP:
+                self._queue.task_done()
+                return
+            kind, payload = item
+            taken = 1
+            if kind in _MERGEABLE:  # take the run of same-kind items behind it, up to _MAX_MERGE
+                payload = list(payload)
+                while taken < _MAX_MERGE:
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is _STOP or nxt[0] != kind:
+                        pending = nxt
+                        break
+                    payload.extend(nxt[1])
+                    taken += 1
+            self._handle(kind, payload)
+            for _ in range(taken):
+                self._queue.task_done()
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        try:
+            self._attempt(kind, payload)
+        except Exception:  # the worker must never die: count and go on
+            logger.exception("otel-tracking: sink %r worker error", self.name)
+            self._set_aside(kind, payload)
+
+    def _attempt(self, kind: str, payload: Any) -> None:
+        now = time.monotonic()
+        if self._degraded_until and now < self._degraded_until:
+            self._set_aside(kind, payload)
+            return
+        attempts = 1 if (self._stopping.is_set() or self._degraded_until) else self.policy.max_attempts
+        delay = self.policy.backoff_s
+        for attempt in range(attempts):
+            if self._deliver(kind, payload):
+                self._degraded_until = 0.0
+                return
+            if attempt + 1 < attempts:
+                self._count("retried", 1)
+                if self._stopping.wait(delay):
+                    break  # finishing: no more waiting on a failing backend
+                delay = min(delay * 2, self.policy.backoff_max_s)
+        self._degraded_until = time.monotonic() + self.policy.probe_interval_s
+        self._set_aside(kind, payload)
+
+    def _set_aside(self, kind: str, payload: Any) -> None:
+        n = len(payload) if kind in _MERGEABLE else 1
+        if self.spool is None:
+            self._count("dropped", n)
+            return
+        try:
+            self.spool.write(kind, payload)
+            self._count("spooled", n)
+        except Exception:
+            logger.exception("otel-tracking: sink %r could not spool; data dropped", self.name)
+            self._count("dropped", n)
+
+    # --- the end ---------------------------------------------------------------------------------
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far was handled; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def stop(self, timeout_s: float) -> None:
+        """Drain (one attempt per item) until the deadline; spool what is left; end the thread."""
+        self._stopping.set()
+        deadline = time.monotonic() + timeout_s
+        self.flush(max(0.0, deadline - time.monotonic()))
+        while True:  # past the deadline: whatever is still queued goes to the spool
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                self._set_aside(*item)
+            self._queue.task_done()
+        self._queue.put(_STOP)
+        self._thread.join(max(0.1, deadline - time.monotonic()))
+        if self.spool is not None:
+            self.spool.close()

@@ -1,0 +1,383 @@
+"""TensorBoard bridge: event files written through the facade and through a plain OTel SDK setup,
+read back with TensorBoard's own ``EventAccumulator``, and compared with what the reference
+(verl's tracking.py) would have written.
+
+The reference writes through ``torch.utils.tensorboard.SummaryWriter`` and torch is not installed
+here, so its TensorBoard path cannot run as is.  The differential test runs the reference's own
+code with a recording stand-in for ``SummaryWriter`` and turns the recorded calls into what torch
+stores (``add_scalar``: tag, step, float32 ``simple_value``; ``add_text``: tag + ``/text_summary``,
+a one-string ``DT_STRING`` tensor); that mapping is the part this file assumes rather than runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import struct
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.backend
+
+CONFIG = {"trainer": {"total_epochs": 2, "lr": 0.1}, "api_key": "sk-tb-secret-123456"}
+SAMPLES = [["what is 2+2?", "4", 1.0], ["capital of France?", "Lyon", 0], ["only one part"]]
+TEXT_TAG = "val/generations/text_summary"
+# The reference's markdown for SAMPLES at step 10, written out by hand.
+EXPECTED_TEXT = (
+    "**Generation Results - Step 10**\n\n"
+    "### Sample 1\n**Input:** what is 2+2?\n\n**Output:** 4\n\n**Score:** 1.0\n\n---\n\n"
+    "### Sample 2\n**Input:** capital of France?\n\n**Output:** Lyon\n\n**Score:** 0\n\n---\n\n"
+    "### Sample 3\n**Data:** ['only one part']\n\n---\n\n"
+)
+
+
+def f32(value: float) -> float:
+    """A value as TensorBoard's float32 ``simple_value`` holds it."""
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])
+
+
+def steps_payloads() -> list[tuple[dict[str, Any], int]]:
+    return [
+        ({"train/loss": 0.1, "train/acc": 0, "lr": 1e-3, "flag": True}, 0),
+        ({"train/loss": float("nan"), "grad/norm": float("inf"), "neg": float("-inf")}, 1),
+        ({"train/loss": 0.25, "val-core/gsm8k/reward/mean@4": 0.75, "ünï/cødé": 3, "a key": 2.5}, 2),
+        ({"big": 2**40, "train/loss": 0.0625}, 10),
+        ({"train/loss": 0.5}, 5),  # a step going backwards is kept
+    ]
+
+
+NOT_NUMBERS = {"note": "a string is not a number", "nothing": None, "items": [1, 2]}
+
+EXPECTED_SCALARS = {
+    "train/loss": [(0, f32(0.1)), (1, math.nan), (2, 0.25), (10, 0.0625), (5, 0.5)],
+    "train/acc": [(0, 0.0)],
+    "lr": [(0, f32(1e-3))],
+    "flag": [(0, 1.0)],
+    "grad/norm": [(1, math.inf)],
+    "neg": [(1, -math.inf)],
+    "val-core/gsm8k/reward/mean@4": [(2, 0.75)],
+    "ünï/cødé": [(2, 3.0)],
+    "a key": [(2, 2.5)],
+    "big": [(10, float(2**40))],
+}
+
+
+# --- reading back ------------------------------------------------------------------------------
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def read_events(directory: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, list[tuple[int, str]]], Any]:
+    """(scalars by tag, texts by tag, accumulator) through TensorBoard's own reader, nothing sampled."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    scalars = {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in tags["scalars"]}
+    texts = {
+        tag: [(e.step, b"".join(e.tensor_proto.string_val).decode("utf-8")) for e in accumulator.Tensors(tag)]
+        for tag in tags["tensors"]
+    }
+    return scalars, texts, accumulator
+
+
+def assert_scalars(actual: dict[str, list[tuple[int, float]]], expected: dict[str, list[tuple[int, float]]]) -> None:
+    assert sorted(actual) == sorted(expected)
+    for tag, points in expected.items():
+        got = actual[tag]
+        assert len(got) == len(points), (tag, got, points)
+        for (step, value), (want_step, want) in zip(got, points, strict=True):
+            assert step == want_step and _same(value, want), (tag, got, points)
+
+
+def without_timings(scalars: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
+    return {tag: points for tag, points in scalars.items() if not tag.startswith("timing_s/")}
+
+
+@pytest.fixture
+def no_torch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``import torch`` and ``import tensorflow`` fail while the test runs, even where installed."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    yield
+
+
+# --- through the facade ------------------------------------------------------------------------
+
+
+def test_facade_writes_scalars_timings_and_generations_text(
+    isolated: Path, no_torch: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from otel_tracking import DapoFilteredRewardTableLogger, Tracking, ValidationGenerationsLogger, trace_state
+
+    tracking = Tracking("proj", "exp", default_backend=["tensorboard"], config=CONFIG)
+    assert "Saving tensorboard log to tensorboard_log/proj/exp." in capsys.readouterr().out
+    for data, step in steps_payloads():
+        with trace_state("gen", step=step):
+            pass
+        payload = {**data, **NOT_NUMBERS} if step == 2 else data
+        tracking.log(payload, step)
+    with trace_state("update_actor"):  # no step label: the step in progress (last logged + 1)
+        pass
+    ValidationGenerationsLogger().log(["tensorboard"], SAMPLES, 10)
+    ValidationGenerationsLogger().log(["wandb"], [["not", "for", 0.0]], 11)  # not named: not written
+    DapoFilteredRewardTableLogger().log(["tensorboard"], {0.0: 3, 1.0: 5}, 10)  # wandb-only in the reference
+    stats = tracking.finish()
+    assert stats["tensorboard"]["failed"] == 0
+
+    directory = isolated / "tensorboard_log" / "proj" / "exp"
+    assert len(list(directory.glob("events.out.tfevents.*"))) == 1
+    scalars, texts, accumulator = read_events(directory)
+    assert_scalars(without_timings(scalars), EXPECTED_SCALARS)  # the non-numbers of step 2 are skipped
+
+    gen = scalars["timing_s/state/gen"]
+    assert [step for step, _ in gen] == [0, 1, 2, 10, 5]
+    assert all(0.0 <= seconds < 5.0 for _, seconds in gen)
+    assert [step for step, _ in scalars["timing_s/state/update_actor"]] == [6]
+
+    assert texts == {TEXT_TAG: [(10, EXPECTED_TEXT)]}
+    assert accumulator.SummaryMetadata(TEXT_TAG).plugin_data.plugin_name == "text"
+    # TensorBoard has no params view in the reference's adapter: the config is nowhere in the files.
+    assert b"sk-tb-secret" not in b"".join(p.read_bytes() for p in directory.iterdir())
+    assert "torch" not in {name.split(".")[0] for name, module in sys.modules.items() if module is not None}
+
+
+def test_tensorboard_needs_neither_torch_nor_tensorflow() -> None:
+    """The fix: the reference's adapter imports torch; the bridge uses only the tensorboard package."""
+    assert importlib.util.find_spec("torch") is None, "torch is installed here; this test wants it absent"
+    from otel_tracking import Tracking
+
+    tracking = Tracking("p", "e", default_backend="tensorboard")
+    tracking.log({"x": 1.0}, 0)
+    tracking.finish()
+    loaded = {name.split(".")[0] for name, module in sys.modules.items() if module is not None}
+    assert not loaded & {"torch", "tensorflow"}
+    scalars, _, _ = read_events(Path("tensorboard_log/p/e"))
+    assert scalars == {"x": [(0, 1.0)]}
+
+
+def test_tensorboard_dir_from_environment(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_tracking import Tracking
+
+    target = isolated / "elsewhere" / "tb"
+    monkeypatch.setenv("TENSORBOARD_DIR", str(target))
+    tracking = Tracking("proj", "exp", default_backend="tensorboard")
+    tracking.log({"loss": 2.0}, 3)
+    tracking.log({"loss": 1.0}, 4)
+    where = tracking.where()["tensorboard"]
+    tracking.finish()
+    assert str(target) in where
+    assert not (isolated / "tensorboard_log").exists()
+    scalars, _, _ = read_events(target)
+    assert scalars == {"loss": [(3, 2.0), (4, 1.0)]}
+
+
+def test_every_log_call_is_on_disk_before_finish(isolated: Path) -> None:
+    from otel_tracking import Tracking
+
+    tracking = Tracking("proj", "exp", default_backend="tensorboard")
+    tracking.log({"loss": 0.5}, 1)
+    assert tracking.flush()  # log() returns before the worker writes; flush() waits for it
+    scalars, _, _ = read_events(isolated / "tensorboard_log" / "proj" / "exp")  # the run is still open
+    assert scalars == {"loss": [(1, 0.5)]}
+    tracking.finish()
+
+
+def test_exporters_return_failure_after_the_session_closed(isolated: Path) -> None:
+    from opentelemetry.sdk._logs.export import LogRecordExportResult
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters.tensorboard import open_bridge
+    from otel_tracking.steps import step_batch
+
+    parts = open_bridge(BridgeContext(project="p", experiment="e", env={}))
+    batch = step_batch(Resource.create({}), 1, {"x": 1.0}, {}, 1)
+    assert parts.metrics.export(batch) is MetricExportResult.SUCCESS
+    parts.finish(0)
+    assert parts.metrics.export(batch) is MetricExportResult.FAILURE
+    assert parts.logs.export([]) is LogRecordExportResult.SUCCESS
+
+
+def test_event_file_writer_is_looked_up_at_open_time(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wandb's sync_tensorboard (the vemlp_wandb backend uses it, as the reference did) learns the
+    log directory by replacing ``event_file_writer.EventFileWriter``; the bridge must go through it."""
+    from tensorboard.summary.writer import event_file_writer
+
+    from otel_tracking import Tracking
+
+    seen: list[str] = []
+
+    class Hooked(event_file_writer.EventFileWriter):  # type: ignore[misc]
+        def __init__(self, logdir: str, *args: Any, **kwargs: Any) -> None:
+            seen.append(logdir)
+            super().__init__(logdir, *args, **kwargs)
+
+    monkeypatch.setattr(event_file_writer, "EventFileWriter", Hooked)
+    tracking = Tracking("proj", "exp", default_backend="tensorboard")
+    tracking.log({"x": 1.0}, 0)
+    tracking.finish()
+    assert seen == ["tensorboard_log/proj/exp"]
+
+
+# --- through a plain OpenTelemetry SDK setup ---------------------------------------------------
+
+
+def test_plain_otel_sdk_exporters_share_one_event_file(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from otel_tracking.exporters.tensorboard import (
+        TensorboardLogExporter,
+        TensorboardMetricExporter,
+        TensorboardSpanExporter,
+    )
+
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "ml.project=sdkproj,ml.experiment=sdkexp")
+    metric_exporter = TensorboardMetricExporter()
+    span_exporter = TensorboardSpanExporter()
+    log_exporter = TensorboardLogExporter()
+    assert metric_exporter.session is span_exporter.session is log_exporter.session
+
+    reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=3_600_000)
+    meters = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    tracers = TracerProvider(shutdown_on_exit=False)
+    tracers.add_span_processor(SimpleSpanProcessor(span_exporter))
+    loggers = LoggerProvider(shutdown_on_exit=False)
+    loggers.add_log_record_processor(SimpleLogRecordProcessor(log_exporter))
+
+    meter = meters.get_meter("app")
+    step_gauge, loss = meter.create_gauge("train.step"), meter.create_gauge("loss")
+    for step, value in ((3, 0.5), (4, 0.25)):
+        step_gauge.set(step)
+        loss.set(value)
+        meters.force_flush()
+    with tracers.get_tracer("app").start_as_current_span("rollout", attributes={"ml.step": 4}):
+        pass
+    with tracers.get_tracer("app").start_as_current_span("plain"):  # no ml.step: the last step exported
+        pass
+    loggers.get_logger("app").emit(
+        event_name="ml.validation.generations",
+        body={"samples": SAMPLES},
+        attributes={"ml.step": 10, "ml.key": "val/generations", "ml.backends": ["tensorboard"]},
+    )
+    for provider in (meters, tracers, loggers):
+        provider.shutdown()
+    assert metric_exporter.session.closed
+
+    scalars, texts, _ = read_events(isolated / "tensorboard_log" / "sdkproj" / "sdkexp")
+    assert without_timings(scalars) == {"loss": [(3, 0.5), (4, 0.25)]}
+    assert [step for step, _ in scalars["timing_s/state/rollout"]] == [4]
+    assert [step for step, _ in scalars["timing_s/state/plain"]] == [4]
+    assert texts == {TEXT_TAG: [(10, EXPECTED_TEXT)]}
+
+
+# --- against the reference ---------------------------------------------------------------------
+
+
+class RecordingSummaryWriter:
+    """Stands in for torch's SummaryWriter: records the calls, and raises where torch raises (its
+    ``add_scalar`` makes a float of the value, so strings, None and lists fail)."""
+
+    calls: list[tuple[str, str, int, Any]] = []
+    log_dirs: list[str] = []
+
+    def __init__(self, log_dir: str | None = None, **_: Any) -> None:
+        type(self).log_dirs.append(str(log_dir))
+
+    def add_scalar(self, tag: str, value: Any, step: int) -> None:
+        if isinstance(value, (str, bytes)) or not isinstance(value, (int, float)):
+            raise ValueError(f"torch.utils.tensorboard cannot make a scalar of {value!r}")
+        type(self).calls.append(("scalar", tag, step, value))
+
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        type(self).calls.append(("text", tag, step, text))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_torch(monkeypatch: pytest.MonkeyPatch) -> type[RecordingSummaryWriter]:
+    RecordingSummaryWriter.calls = []
+    RecordingSummaryWriter.log_dirs = []
+    module = types.ModuleType("torch.utils.tensorboard")
+    module.SummaryWriter = RecordingSummaryWriter  # type: ignore[attr-defined]
+    for name in ("torch", "torch.utils"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    return RecordingSummaryWriter
+
+
+def what_torch_stores(
+    calls: list[tuple[str, str, int, Any]],
+) -> tuple[dict[str, list[tuple[int, float]]], dict[str, list[tuple[int, str]]]]:
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    texts: dict[str, list[tuple[int, str]]] = {}
+    for kind, tag, step, value in calls:
+        if kind == "scalar":
+            scalars.setdefault(tag, []).append((step, f32(float(value))))
+        else:
+            texts.setdefault(tag + "/text_summary", []).append((step, value))
+    return scalars, texts
+
+
+def test_differential_against_the_reference(
+    isolated: Path,
+    seed: types.ModuleType,
+    fake_torch: type[RecordingSummaryWriter],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from otel_tracking import Tracking, ValidationGenerationsLogger
+
+    reference = seed.Tracking("proj", "exp", default_backend="tensorboard", config=CONFIG)
+    reference_out = capsys.readouterr().out
+    for data, step in steps_payloads():
+        reference.log(data, step)
+    seed.ValidationGenerationsLogger("proj", "exp").log(["tensorboard"], SAMPLES, 10)
+    reference.finish()
+    # The reference's scalar adapter and its generations logger both chose this directory.
+    assert fake_torch.log_dirs == ["tensorboard_log/proj/exp", "tensorboard_log/proj/exp"]
+    reference_scalars, reference_texts = what_torch_stores(fake_torch.calls)
+
+    ours = Tracking("proj", "exp", default_backend="tensorboard", config=CONFIG)
+    ours_out = capsys.readouterr().out
+    for data, step in steps_payloads():
+        ours.log(data, step)
+    ValidationGenerationsLogger("proj", "exp").log(["tensorboard"], SAMPLES, 10)
+    ours.finish()
+    scalars, texts, _ = read_events(isolated / "tensorboard_log" / "proj" / "exp")
+
+    assert_scalars(scalars, reference_scalars)
+    assert texts == reference_texts == {TEXT_TAG: [(10, EXPECTED_TEXT)]}
+    line = "Saving tensorboard log to tensorboard_log/proj/exp."
+    assert line in reference_out and line in ours_out
+
+    # Documented fix: a non-number value made the reference's add_scalar raise mid-step, losing the
+    # keys after it (and raising into the training loop); the bridge skips it and keeps the rest.
+    fake_torch.calls = []
+    reference = seed.Tracking("proj", "exp2", default_backend="tensorboard")
+    with pytest.raises(ValueError):
+        reference.log({"a": 1.0, "note": "text", "b": 2.0}, 0)
+    assert what_torch_stores(fake_torch.calls)[0] == {"a": [(0, 1.0)]}
+    reference.finish()
+    ours = Tracking("proj", "exp2", default_backend="tensorboard")
+    ours.log({"a": 1.0, "note": "text", "b": 2.0}, 0)
+    ours.finish()
+    assert read_events(isolated / "tensorboard_log" / "proj" / "exp2")[0] == {"a": [(0, 1.0)], "b": [(0, 2.0)]}

@@ -1,0 +1,346 @@
+"""Trackio bridge: a local Trackio project written through the facade and through a plain OTel SDK
+setup, read back with Trackio's own ``SQLiteStorage``, and compared with the reference (verl's
+tracking.py) fed the same calls.
+
+Trackio reads ``TRACKIO_DIR`` once, at import: every test of this file shares one directory for
+the session and writes to its own project.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.backend
+
+SECRET = "sk-trackio-very-secret-1234"
+CONFIG = {"trainer": {"total_epochs": 2, "lr": 0.1}, "data": {"max_prompt_length": 512}, "api_key": SECRET}
+SAMPLES = [["what is 2+2?", "4", 1.0], ["capital of France?", "Lyon", 0], ["only one part"]]
+
+
+def steps_payloads() -> list[tuple[dict[str, Any], int]]:
+    """Numbers, NaN/inf, bools, odd keys, Trackio's reserved key ``step``, non-number values, a
+    key logged at one step only, a step going backwards, and an empty call."""
+    return [
+        ({"train/loss": 0.1, "train/acc": 0, "lr": 1e-3, "flag": True}, 0),
+        ({"train/loss": float("nan"), "grad/norm": float("inf"), "neg": float("-inf")}, 1),
+        ({"train/loss": 0.25, "val-core/gsm8k/reward/mean@4": 0.75, "ünï/cødé": 3, "a key": 2.5, "step": 2}, 2),
+        ({"train/loss": 0.125, "note": "a string", "nothing": None, "items": [1, 2], "nested": {"k": 1.5}}, 3),
+        ({"big": 2**40, "train/loss": 0.0625}, 10),
+        ({"train/loss": 0.5}, 5),
+        ({}, 7),  # an empty call still makes a (metric-less) row
+    ]
+
+
+EXPECTED_ROWS = [
+    (0, {"train/loss": 0.1, "train/acc": 0, "lr": 1e-3, "flag": True}),
+    (1, {"train/loss": "nan", "grad/norm": math.inf, "neg": -math.inf}),
+    (2, {"train/loss": 0.25, "val-core/gsm8k/reward/mean@4": 0.75, "ünï/cødé": 3, "a key": 2.5, "__step": 2}),
+    (3, {"train/loss": 0.125, "note": "a string", "nothing": None, "items": [1, 2], "nested": {"k": 1.5}}),
+    (10, {"big": 2**40, "train/loss": 0.0625}),
+    (5, {"train/loss": 0.5}),
+]
+
+
+def expected_traces(step: int) -> list[tuple[int, int, list[dict[str, str]], dict[str, Any]]]:
+    """(step, index, messages, metadata) as the reference's log_generations_to_trackio makes them."""
+    return [
+        (
+            step,
+            0,
+            [{"role": "user", "content": "what is 2+2?"}, {"role": "assistant", "content": "4"}],
+            {"source": "validation_generations", "sample_index": 0, "score": 1.0},
+        ),
+        (
+            step,
+            1,
+            [{"role": "user", "content": "capital of France?"}, {"role": "assistant", "content": "Lyon"}],
+            {"source": "validation_generations", "sample_index": 1, "score": 0},
+        ),
+        (
+            step,
+            2,
+            [{"role": "user", "content": "['only one part']"}, {"role": "assistant", "content": ""}],
+            {"source": "validation_generations", "sample_index": 2, "score": None},
+        ),
+    ]
+
+
+# --- reading back ------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    return "nan" if isinstance(value, float) and math.isnan(value) else value
+
+
+def rows(project: str, run: str) -> list[tuple[int, dict[str, Any]]]:
+    """Each trackio.log() row of a run as (step, metrics), timestamps dropped, NaN as "nan"."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    result = []
+    for row in SQLiteStorage.get_logs(project, run):
+        metrics = {k: _plain(v) for k, v in row.items() if k not in ("timestamp", "step")}
+        result.append((row["step"], metrics))
+    return result
+
+
+def traces(project: str, run: str) -> list[tuple[int, int, list[dict[str, Any]], dict[str, Any]]]:
+    from trackio.sqlite_storage import SQLiteStorage
+
+    found = [
+        (t["step"], t["index"], t["messages"], t["metadata"])
+        for t in SQLiteStorage.get_traces(project, run)
+        if t["key"] == "val/generations"
+    ]
+    return sorted(found, key=lambda t: (t[0], t[1]))
+
+
+def config_of(project: str, run: str) -> dict[str, Any]:
+    from trackio.sqlite_storage import SQLiteStorage
+
+    config = SQLiteStorage.get_run_config(project, run) or {}
+    return {k: v for k, v in config.items() if not k.startswith("_")}
+
+
+def metric_values(project: str, run: str, key: str) -> list[tuple[int, Any]]:
+    from trackio.sqlite_storage import SQLiteStorage
+
+    return [(v["step"], _plain(v["value"])) for v in SQLiteStorage.get_metric_values(project, run, key)]
+
+
+def split_timings(
+    found: list[tuple[int, dict[str, Any]]],
+) -> tuple[list[tuple[int, dict[str, Any]]], list[tuple[int, str, float]]]:
+    plain, timings = [], []
+    for step, metrics in found:
+        timing = {k: v for k, v in metrics.items() if k.startswith("timing_s/")}
+        rest = {k: v for k, v in metrics.items() if not k.startswith("timing_s/")}
+        timings.extend((step, k, v) for k, v in timing.items())
+        if rest:
+            plain.append((step, rest))
+    return plain, timings
+
+
+# --- the environment ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def trackio_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trackio")
+
+
+@pytest.fixture
+def trackio_env(isolated: Path, trackio_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """TRACKIO_DIR set before Trackio's first import; yields a project name of this test's own."""
+    monkeypatch.setenv("TRACKIO_DIR", str(trackio_dir))
+    monkeypatch.setenv("HOME", str(isolated / "home"))
+    monkeypatch.setenv("HF_HOME", str(isolated / "home" / "hf"))
+    if "trackio" in sys.modules:
+        from trackio import utils
+
+        assert Path(utils.TRACKIO_DIR) == trackio_dir, f"trackio was imported earlier with {utils.TRACKIO_DIR}"
+    yield f"proj-{isolated.name}"
+    if "trackio" in sys.modules:
+        from trackio import context_vars
+
+        assert context_vars.current_run.get() is None, "a test left a Trackio run open"
+
+
+# --- through the facade ------------------------------------------------------------------------
+
+
+def test_facade_writes_metrics_spans_generations_and_config(trackio_env: str) -> None:
+    from otel_tracking import DapoFilteredRewardTableLogger, Tracking, ValidationGenerationsLogger, trace_state
+
+    project = trackio_env
+    tracking = Tracking(project, "exp", default_backend=["trackio"], config=CONFIG)
+    assert project in tracking.where()["trackio"]
+    for data, step in steps_payloads():
+        with trace_state("gen", step=step):
+            pass
+        tracking.log(data, step)
+    with trace_state("update_actor"):  # no step label: the step in progress (last logged + 1)
+        pass
+    ValidationGenerationsLogger().log(["trackio"], SAMPLES, 10)
+    ValidationGenerationsLogger().log(["wandb"], [["not", "for", 0.0]], 11)  # not named: not written
+    DapoFilteredRewardTableLogger().log(["trackio"], {0.0: 3, 1.0: 5}, 10)  # wandb-only in the reference
+    stats = tracking.finish()
+    assert stats["trackio"]["failed"] == 0
+
+    # finish() returned: everything is in the sqlite file, no polling needed.
+    found, timings = split_timings(rows(project, "exp"))
+    assert [r for r in found if r[1]] == EXPECTED_ROWS
+    assert [(step, key) for step, key, _ in timings] == [
+        (0, "timing_s/state/gen"),
+        (1, "timing_s/state/gen"),
+        (2, "timing_s/state/gen"),
+        (3, "timing_s/state/gen"),
+        (10, "timing_s/state/gen"),
+        (5, "timing_s/state/gen"),
+        (7, "timing_s/state/gen"),
+        (8, "timing_s/state/update_actor"),
+    ]
+    assert all(0.0 <= seconds < 5.0 for _, _, seconds in timings)
+    assert metric_values(project, "exp", "train/loss") == [
+        (0, 0.1),
+        (1, "nan"),
+        (2, 0.25),
+        (3, 0.125),
+        (10, 0.0625),
+        (5, 0.5),
+    ]
+    assert metric_values(project, "exp", "grad/norm") == [(1, math.inf)]
+    assert traces(project, "exp") == expected_traces(10)
+    assert config_of(project, "exp") == {**CONFIG, "api_key": "<redacted>"}
+
+
+def _log_in_a_thread(tracking: Any, data: dict[str, Any], step: int) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            tracking.log(data, step)
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    return errors
+
+
+def test_log_from_another_thread_reaches_the_run(trackio_env: str, seed: types.ModuleType) -> None:
+    """Fix: trackio.log finds its run through a context variable that other threads do not see, so
+    the reference's log() raised there; the bridge logs to its Run object directly."""
+    from otel_tracking import Tracking
+
+    reference = seed.Tracking(f"{trackio_env}-ref", "exp", default_backend="trackio")
+    errors = _log_in_a_thread(reference, {"loss": 1.0}, 1)
+    reference.finish()
+    assert [type(e) for e in errors] == [RuntimeError]
+
+    tracking = Tracking(trackio_env, "exp", default_backend="trackio")
+    assert _log_in_a_thread(tracking, {"loss": 1.0}, 1) == []
+    tracking.log({"loss": 0.5}, 2)
+    tracking.finish()
+    assert rows(trackio_env, "exp") == [(1, {"loss": 1.0}), (2, {"loss": 0.5})]
+
+
+def test_an_existing_trackio_run_is_reused_and_finished(trackio_env: str) -> None:
+    import trackio
+    from trackio import context_vars
+
+    from otel_tracking import Tracking
+
+    trackio.init(project=trackio_env, name="mine", embed=False)
+    tracking = Tracking(trackio_env, "exp", default_backend="trackio")
+    tracking.log({"x": 1}, 0)
+    tracking.finish()
+    assert context_vars.current_run.get() is None
+    assert rows(trackio_env, "mine") == [(0, {"x": 1})]
+    assert rows(trackio_env, "exp") == []
+
+
+def test_exporters_return_failure_after_finish(trackio_env: str) -> None:
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters.trackio import open_bridge
+    from otel_tracking.steps import step_batch
+
+    parts = open_bridge(BridgeContext(project=trackio_env, experiment="e", env=os.environ))
+    batch = step_batch(Resource.create({}), 1, {"x": 1.0}, {}, 1)
+    assert parts.metrics.export(batch) is MetricExportResult.SUCCESS
+    parts.finish(0)
+    parts.finish(0)  # idempotent
+    assert parts.metrics.export(batch) is MetricExportResult.FAILURE
+    assert rows(trackio_env, "e") == [(1, {"x": 1.0})]
+
+
+# --- through a plain OpenTelemetry SDK setup ---------------------------------------------------
+
+
+def test_plain_otel_sdk_exporters_share_one_run(trackio_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from otel_tracking.exporters.trackio import TrackioLogExporter, TrackioMetricExporter, TrackioSpanExporter
+
+    project = trackio_env
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", f"ml.project={project},ml.experiment=sdkexp")
+    metric_exporter = TrackioMetricExporter()
+    span_exporter = TrackioSpanExporter()
+    log_exporter = TrackioLogExporter()
+    assert metric_exporter.session is span_exporter.session is log_exporter.session
+
+    reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=3_600_000)
+    meters = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    tracers = TracerProvider(shutdown_on_exit=False)
+    tracers.add_span_processor(SimpleSpanProcessor(span_exporter))
+    loggers = LoggerProvider(shutdown_on_exit=False)
+    loggers.add_log_record_processor(SimpleLogRecordProcessor(log_exporter))
+
+    meter = meters.get_meter("app")
+    step_gauge, loss = meter.create_gauge("train.step"), meter.create_gauge("loss")
+    for step, value in ((3, 0.5), (4, 0.25)):
+        step_gauge.set(step)
+        loss.set(value)
+        meters.force_flush()
+    with tracers.get_tracer("app").start_as_current_span("rollout", attributes={"ml.step": 4}):
+        pass
+    loggers.get_logger("app").emit(
+        event_name="ml.validation.generations",
+        body={"samples": SAMPLES},
+        attributes={"ml.step": 10, "ml.key": "val/generations", "ml.backends": ["trackio"]},
+    )
+    for provider in (meters, tracers, loggers):
+        provider.shutdown()
+    assert metric_exporter.session.closed
+
+    found, timings = split_timings(rows(project, "sdkexp"))
+    assert [r for r in found if r[1]] == [(3, {"loss": 0.5}), (4, {"loss": 0.25})]
+    assert [(step, key) for step, key, _ in timings] == [(4, "timing_s/state/rollout")]
+    assert traces(project, "sdkexp") == expected_traces(10)
+
+
+# --- against the reference ---------------------------------------------------------------------
+
+
+def test_differential_against_the_reference(trackio_env: str, seed: types.ModuleType) -> None:
+    from otel_tracking import Tracking, ValidationGenerationsLogger
+
+    reference_project, our_project = f"{trackio_env}-ref", f"{trackio_env}-ours"
+    reference = seed.Tracking(reference_project, "exp", default_backend="trackio", config=CONFIG)
+    for data, step in steps_payloads():
+        reference.log(data, step)
+    seed.ValidationGenerationsLogger(reference_project, "exp").log(["trackio"], SAMPLES, 10)
+    reference.finish()
+
+    ours = Tracking(our_project, "exp", default_backend="trackio", config=CONFIG)
+    for data, step in steps_payloads():
+        ours.log(data, step)
+    ValidationGenerationsLogger(our_project, "exp").log(["trackio"], SAMPLES, 10)
+    ours.finish()
+
+    reference_rows = rows(reference_project, "exp")
+    assert [r for r in reference_rows if r[1]] == EXPECTED_ROWS  # the reference stores the same
+    assert rows(our_project, "exp") == reference_rows  # same rows, steps, values, generations row included
+    for key in ("train/loss", "grad/norm", "big", "note", "__step"):
+        assert metric_values(our_project, "exp", key) == metric_values(reference_project, "exp", key)
+    assert traces(our_project, "exp") == traces(reference_project, "exp") == expected_traces(10)
+    # Documented difference: secrets in the config are redacted before they reach Trackio.
+    assert config_of(reference_project, "exp") == CONFIG
+    assert config_of(our_project, "exp") == {**CONFIG, "api_key": "<redacted>"}
