@@ -36,6 +36,12 @@ def _stack(args: argparse.Namespace) -> int:
     return stack.main([args.action, *args.rest])
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from otel_tracking import replay
+
+    return replay.main(args.paths)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-tracking", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -56,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stack.add_argument("action", choices=["up", "down", "status"])
     stack.add_argument("rest", nargs=argparse.REMAINDER)
     stack.set_defaults(func=_stack)
+
+    replay = commands.add_parser("replay", help="deliver spooled data (what a sink could not take) into its sink")
+    replay.add_argument("paths", nargs="*", help="spool files or directories (default: the whole spool)")
+    replay.set_defaults(func=_replay)
 
     args = parser.parse_args(argv)
     return int(args.func(args))

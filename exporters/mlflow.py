@@ -1,0 +1,530 @@
+"""MLflow bridge: metrics, params, timing scalars, traces and validation generations in one MLflow run.
+
+What lands where (the reference is verl's ``Tracking(..., default_backend="mlflow")``):
+
+* the run: tracking URI from ``MLFLOW_TRACKING_URI`` (default ``sqlite:////tmp/mlruns.db``, as the
+  reference); ``MLFLOW_RUN_ID`` attaches to that existing run, else the experiment named after the
+  project (created when missing) gets a new run named after the experiment, with the tags MLflow's
+  fluent ``start_run`` would set (``mlflow.runName``, ``mlflow.user``, ``mlflow.source.*``).
+  Opening is tried :data:`INIT_ATTEMPTS` times, :data:`INIT_RETRY_SLEEP_S` apart; when every try
+  fails the run goes on without MLflow (a warning, as the reference).
+* params: the config flattened as the reference's ``_compute_mlflow_params_from_objects`` does
+  (nested keys joined with ``/``, lists as ``list_len`` plus indices, dataclasses, ``Path``,
+  ``Enum``), each value ``str()``-ed; secrets arrive already redacted.
+* metrics: ``log(data, step)`` numbers via ``log_batch`` at that step, keys sanitized as the
+  reference's ``_MlflowLoggingAdapter`` did (``@`` -> ``_at_``, repeated ``/`` collapsed, any other
+  character outside ``[/\\w.\\- :]`` -> ``_``).  NaN is stored as NaN; MLflow's SQL store clamps
+  +/-inf to +/-``sys.float_info.max`` (as it did for the reference).  Bools are stored as 1.0/0.0.
+* spans: each finished ``trace_state`` span is the metric ``timing_s/state/<name>`` (seconds) at
+  the span's step, and also an MLflow trace span (the same conversion MLflow's OTLP endpoint does),
+  logged to the run's experiment; a trace is linked to the run when its root span arrives.
+* events: ``ml.validation.generations`` becomes the artifact ``val_step{N}.json`` at the run's
+  artifact root, ``[{"input", "output", "score"}, ...]``, byte-for-byte as the reference wrote it.
+  The DAPO reward table is wandb-only in the reference and is ignored here.
+
+Fixed against the reference:
+
+* ``finish(exit_code)`` ends the MLflow run: FINISHED for 0, FAILED otherwise (the reference left it
+  RUNNING until MLflow's own ``atexit`` hook marked it FINISHED, whatever the outcome);
+* one bad key or value (a string, a key MLflow rejects such as one longer than 250 characters or
+  ending with ``/``) is skipped with a warning; the reference lost every value of that step;
+* a config key MLflow rejects as a param name is sanitized like a metric key (the reference's whole
+  MLflow init failed), and one rejected param does not lose the others;
+* no global MLflow state: the bridge uses ``MlflowClient`` with an explicit run id and never calls
+  ``mlflow.set_tracking_uri``/``start_run``, so several runs (and threads) in one process do not
+  fight over ``mlflow.active_run()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_tracking.exporters._base import BridgeContext, BridgeParts, StepMetricExporter, StepRecord, span_timing
+
+logger = logging.getLogger("otel_tracking.mlflow")
+
+DEFAULT_TRACKING_URI = "sqlite:////tmp/mlruns.db"
+INIT_ATTEMPTS = 3
+INIT_RETRY_SLEEP_S = 5.0  # as the reference; tests set it small
+GENERATIONS_EVENT = "ml.validation.generations"
+_INVALID = "INVALID_PARAMETER_VALUE"
+_LINK_BATCH = 100  # MlflowClient.link_traces_to_run takes at most 100 trace ids per call
+
+
+# --- names and params ---------------------------------------------------------------------------
+
+_REPEATED_SLASHES = re.compile(r"/{2,}")
+_NOT_ALLOWED = re.compile(r"[^/\w.\- :]")
+
+
+def sanitize_key(key: str) -> str:
+    """A metric key as the reference's MLflow adapter wrote it: ``@`` -> ``_at_``, runs of ``/``
+    become one, then every character MLflow refuses (outside ``[/\\w.\\- :]``) becomes ``_``."""
+    return _NOT_ALLOWED.sub("_", _REPEATED_SLASHES.sub("/", key.replace("@", "_at_")))
+
+
+def _plain_params(value: Any) -> Any:
+    """Dataclasses to dicts, lists to ``{"list_len": n, "0": ..., ...}``, Path to str, Enum to its value."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain_params(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {k: _plain_params(v) for k, v in value.items()}
+    if isinstance(value, list):
+        converted: dict[str, Any] = {"list_len": len(value)}
+        for index, item in enumerate(value):
+            converted[str(index)] = _plain_params(item)
+        return converted
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+def _flatten(tree: Mapping[Any, Any], prefix: str, out: dict[str, Any]) -> None:
+    for key, value in tree.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            _flatten(value, name, out)  # an empty dict leaves no param, as in the reference
+        else:
+            out[name] = value
+
+
+def flatten_params(config: Any) -> dict[str, Any]:
+    """The reference's ``_compute_mlflow_params_from_objects`` (values not yet ``str()``-ed), keys as
+    ``str``: top-level leaves first, then the nested ones joined with ``/`` (a nested leaf wins over
+    a top-level key of the same name).  A config that is neither a mapping, a list nor a dataclass
+    gives no params (the reference failed its MLflow init on it)."""
+    if config is None:
+        return {}
+    tree = _plain_params(config)
+    if not isinstance(tree, dict):
+        return {}
+    params = {str(k): v for k, v in tree.items() if not isinstance(v, dict)}
+    nested: dict[str, Any] = {}
+    _flatten({k: v for k, v in tree.items() if isinstance(v, dict)}, "", nested)
+    params.update(nested)
+    return params
+
+
+def _safe_uri(uri: str) -> str:
+    """The tracking URI without any user:password part, for messages."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "<unparsable tracking URI>"
+    if parts.username is None and parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+def _error_code(error: BaseException) -> str | None:
+    return getattr(error, "error_code", None)
+
+
+# --- the session ---------------------------------------------------------------------------------
+
+
+class MlflowSession:
+    """One MLflow run shared by the metric, span and log exporters of a process or a ``Tracking``."""
+
+    def __init__(self, client: Any, run_id: str, experiment_id: str, tracking_uri: str, project: str) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.experiment_id = experiment_id
+        self.tracking_uri = tracking_uri
+        self.project = project
+        self._tracing: Any = None
+        self._keys: dict[str, str] = {}
+        self._rejected: set[str] = set()
+        self._last_error: BaseException | None = None
+        self._lock = threading.Lock()
+        self.ended = False
+
+    # opening ------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, context: BridgeContext, *, attempts: int | None = None, retry_sleep_s: float | None = None
+    ) -> MlflowSession | None:
+        """Open (or attach to) the run, log the params; None when every attempt failed."""
+        attempts = INIT_ATTEMPTS if attempts is None else max(1, attempts)
+        sleep_s = INIT_RETRY_SLEEP_S if retry_sleep_s is None else retry_sleep_s
+        uri = context.env.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+        logger.info("Using MLFlow tracking URI: %s", _safe_uri(uri))
+        session: MlflowSession | None = None
+        for attempt in range(1, attempts + 1):
+            try:
+                if session is None:  # a run made by an earlier attempt is kept, never made twice
+                    session = cls._start(context, uri)
+                session.log_params(flatten_params(context.config))
+                return session
+            except Exception as error:
+                logger.warning("MLflow initialization attempt %d/%d failed: %s", attempt, attempts, error)
+                if attempt < attempts:
+                    time.sleep(sleep_s)
+        if session is not None:
+            logger.warning("MLflow params could not be logged; metrics still go to run %s.", session.run_id)
+            return session
+        logger.warning("All MLflow initialization attempts failed. Proceeding without MLflow tracking.")
+        return None
+
+    @classmethod
+    def _start(cls, context: BridgeContext, uri: str) -> MlflowSession:
+        from mlflow import MlflowClient
+        from mlflow.entities import LifecycleStage, RunStatus
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking.context.registry import resolve_tags
+        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
+        client = MlflowClient(tracking_uri=uri)
+        existing = context.env.get("MLFLOW_RUN_ID")
+        if existing:
+            # Azure ML, Databricks and others start the run and hand us its id.
+            run = client.get_run(existing)
+            if run.info.lifecycle_stage == LifecycleStage.DELETED:
+                raise MlflowException(f"Cannot start run with ID {existing} because it is in the deleted state.")
+            client.update_run(existing, status=RunStatus.to_string(RunStatus.RUNNING))
+            return cls(client, existing, run.info.experiment_id, uri, context.project)
+        experiment = client.get_experiment_by_name(context.project)
+        if experiment is None:
+            try:
+                experiment_id = client.create_experiment(context.project)
+            except MlflowException as error:
+                if _error_code(error) != "RESOURCE_ALREADY_EXISTS":  # another rank made it first
+                    raise
+                experiment_id = client.get_experiment_by_name(context.project).experiment_id
+        else:
+            if experiment.lifecycle_stage != LifecycleStage.ACTIVE:
+                raise MlflowException(f"Cannot use the deleted experiment {context.project!r}.")
+            experiment_id = experiment.experiment_id
+        tags = resolve_tags({MLFLOW_RUN_NAME: context.experiment})
+        run = client.create_run(experiment_id, tags=tags, run_name=context.experiment)
+        return cls(client, run.info.run_id, experiment_id, uri, context.project)
+
+    @property
+    def where(self) -> str:
+        return f"MLflow run {self.run_id} (experiment {self.project!r}) at {_safe_uri(self.tracking_uri)}"
+
+    # params and metrics ---------------------------------------------------------------------------
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(self._param_key(key), str(value)) for key, value in params.items()]
+        if items and not self._log_batch(
+            "params", items, lambda batch: self.client.log_batch(self.run_id, params=batch)
+        ):
+            raise RuntimeError(f"MLflow did not take the params of run {self.run_id}: {self._last_error}")
+
+    def _param_key(self, key: str) -> str:
+        from mlflow.utils.validation import path_not_unique, validate_param_and_metric_name
+
+        if validate_param_and_metric_name(key) and not path_not_unique(key):
+            return key
+        cleaned = sanitize_key(key)
+        logger.warning("[MLflow] Param name '%s' sanitized to '%s' due to invalid characters.", key, cleaned)
+        return cleaned
+
+    def metric_key(self, key: str) -> str:
+        cleaned = self._keys.get(key)
+        if cleaned is None:
+            cleaned = sanitize_key(key)
+            if cleaned != key:
+                logger.warning("[MLflow] Metric key '%s' sanitized to '%s' due to invalid characters.", key, cleaned)
+            self._keys[key] = cleaned
+        return cleaned
+
+    def log_metrics(self, values: Sequence[tuple[str, int | float]], step: int, timestamp_ms: int) -> bool:
+        """Log (key as the user wrote it, number) pairs at ``step``.  False when the backend failed
+        (not for values MLflow rejects: those are skipped with a warning)."""
+        from mlflow.entities import Metric
+
+        metrics = []
+        for key, value in values:
+            name = self.metric_key(key)
+            if name in self._rejected:  # refused once already (too long, not a unique path): skip without asking
+                continue
+            metrics.append(Metric(name, float(value) if isinstance(value, bool) else value, timestamp_ms, step))
+        if not metrics:
+            return True
+        return self._log_batch("metrics", metrics, lambda batch: self.client.log_batch(self.run_id, metrics=batch))
+
+    def _log_batch(self, what: str, items: list[Any], log: Any) -> bool:
+        """One call for the whole batch; if MLflow rejects it as invalid, one call per item so that a
+        bad key or value costs only itself."""
+        try:
+            log(items)
+            return True
+        except Exception as error:
+            if _error_code(error) != _INVALID:
+                logger.debug("MLflow %s batch failed: %s", what, error)
+                self._last_error = error
+                return False
+        delivered = True
+        for item in items:
+            try:
+                log([item])
+            except Exception as error:
+                if _error_code(error) != _INVALID:
+                    self._last_error = error
+                    delivered = False
+                    continue
+                if item.key not in self._rejected:
+                    self._rejected.add(item.key)
+                    logger.warning("[MLflow] %s %r skipped: %s", what[:-1], item.key, error)
+        return delivered
+
+    # spans and artifacts ----------------------------------------------------------------------------
+
+    def log_spans(self, spans: Sequence[ReadableSpan]) -> None:
+        """The spans as MLflow trace spans in the run's experiment, converted exactly as MLflow's own
+        OTLP endpoint converts them; traces whose root span is here get linked to the run."""
+        from mlflow.entities import Span
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        request = encode_spans(spans)
+        converted = []
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for proto_span in scope_spans.spans:
+                    converted.append(Span.from_otel_proto(proto_span, resource=resource_spans.resource))
+        if not converted:
+            return
+        self._tracing_client().log_spans(self.experiment_id, converted)
+        roots = sorted({span.trace_id for span in converted if span.parent_id is None})
+        for start in range(0, len(roots), _LINK_BATCH):
+            self.client.link_traces_to_run(roots[start : start + _LINK_BATCH], self.run_id)
+
+    def _tracing_client(self) -> Any:
+        if self._tracing is None:
+            from mlflow.tracing.client import TracingClient
+
+            self._tracing = TracingClient(self.tracking_uri)
+        return self._tracing
+
+    def log_generations(self, samples: Sequence[Any], step: int) -> None:
+        """``val_step{step}.json`` at the artifact root, as the reference wrote it."""
+        rows = []
+        for sample in samples:
+            parts = list(sample) if isinstance(sample, (list, tuple)) else [sample]
+            parts += [None] * (3 - len(parts))
+            rows.append({"input": parts[0], "output": parts[1], "score": parts[2]})
+        with tempfile.TemporaryDirectory() as tmp_dir:
+            path = os.path.join(tmp_dir, f"val_step{step}.json")
+            with open(path, "w") as file:
+                json.dump(rows, file)
+            self.client.log_artifact(self.run_id, path)
+
+    # the end --------------------------------------------------------------------------------------
+
+    def end(self, exit_code: int = 0) -> None:
+        """FINISHED for exit code 0, FAILED otherwise; once."""
+        with self._lock:
+            if self.ended:
+                return
+            self.ended = True
+        self.client.set_terminated(self.run_id, "FINISHED" if exit_code == 0 else "FAILED")
+
+
+# --- the process-wide session of exporters built with no arguments -------------------------------
+
+_shared_lock = threading.Lock()
+_shared: dict[str, Any] = {"session": None, "opened": False, "users": 0}
+
+
+def _acquire_shared() -> MlflowSession | None:
+    with _shared_lock:
+        if not _shared["opened"]:
+            _shared["session"] = MlflowSession.open(BridgeContext.from_env())
+            _shared["opened"] = True
+        _shared["users"] += 1
+        return _shared["session"]
+
+
+def _release_shared() -> None:
+    with _shared_lock:
+        _shared["users"] -= 1
+        if _shared["users"] > 0:
+            return
+        session = _shared["session"]
+        _shared.update(session=None, opened=False, users=0)
+    if session is not None:
+        session.end(0)
+
+
+class _SessionUser:
+    """An exporter's hold on its session: its own (given) or the process-wide one (built with no arguments)."""
+
+    def __init__(self, session: MlflowSession | None) -> None:
+        self._owns_shared = session is None
+        self.session = _acquire_shared() if session is None else session
+        self._released = False
+
+    def release(self) -> None:
+        if self._owns_shared and not self._released:
+            self._released = True
+            _release_shared()
+
+
+# --- the exporters -------------------------------------------------------------------------------
+
+
+class MlflowMetricExporter(StepMetricExporter):
+    """Each log() call's numbers at its step; non-numbers are skipped (MLflow metrics are numbers only)."""
+
+    def __init__(self, session: MlflowSession | None = None) -> None:
+        super().__init__()
+        self._user = _SessionUser(session)
+
+    @property
+    def session(self) -> MlflowSession | None:
+        return self._user.session
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+        from opentelemetry.sdk.metrics.export import MetricExportResult
+
+        if self.session is None:
+            return MetricExportResult.FAILURE
+        ok = True
+        for record in self.records(metrics_data):
+            try:
+                ok = self._write(record) and ok
+            except Exception as error:
+                logger.debug("MLflow metric export failed: %s", error)
+                ok = False
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def write(self, record: StepRecord) -> None:
+        self._write(record)
+
+    def _write(self, record: StepRecord) -> bool:
+        assert self.session is not None
+        timestamp_ms = record.time_unix_nano // 1_000_000 if record.time_unix_nano else int(time.time() * 1000)
+        return self.session.log_metrics(list(record.scalars.items()), record.step, timestamp_ms)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._user.release()
+
+
+class MlflowSpanExporter(SpanExporter):
+    """Each span: the ``timing_s/state/<name>`` metric at its step, and an MLflow trace span."""
+
+    def __init__(self, session: MlflowSession | None = None) -> None:
+        self._user = _SessionUser(session)
+        self._last_step = 0
+
+    @property
+    def session(self) -> MlflowSession | None:
+        return self._user.session
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        session = self.session
+        if session is None:
+            return SpanExportResult.FAILURE
+        ok = True
+        by_step: dict[tuple[int, int], list[tuple[str, float]]] = {}
+        for span in spans:
+            step, key, seconds = span_timing(span, self._last_step)
+            self._last_step = step
+            end_ms = (span.end_time or time.time_ns()) // 1_000_000
+            by_step.setdefault((step, end_ms), []).append((key, seconds))
+        for (step, end_ms), values in by_step.items():
+            try:
+                ok = session.log_metrics(values, step, end_ms) and ok
+            except Exception as error:
+                logger.debug("MLflow timing export failed: %s", error)
+                ok = False
+        try:
+            session.log_spans(spans)
+        except Exception as error:
+            logger.debug("MLflow trace export failed: %s", error)
+            ok = False
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self._user.release()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class MlflowLogExporter(LogRecordExporter):
+    """Validation generations as ``val_step{N}.json`` artifacts; other events are not MLflow's."""
+
+    def __init__(self, session: MlflowSession | None = None) -> None:
+        self._user = _SessionUser(session)
+
+    @property
+    def session(self) -> MlflowSession | None:
+        return self._user.session
+
+    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
+        session = self.session
+        if session is None:
+            return LogRecordExportResult.FAILURE
+        ok = True
+        for item in batch:
+            record = item.log_record
+            if record.event_name != GENERATIONS_EVENT:
+                continue
+            body = record.body if isinstance(record.body, Mapping) else {}
+            attributes = record.attributes or {}
+            step = attributes.get("ml.step", 0)
+            try:
+                session.log_generations(list(body.get("samples") or []), int(step))
+            except Exception as error:
+                logger.warning("WARNING: save validation generation file to mlflow failed with error %s", error)
+                ok = False
+        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self._user.release()
+
+
+def open_bridge(context: BridgeContext) -> BridgeParts:
+    session = MlflowSession.open(context)
+    if session is None:
+        uri = context.env.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+        return BridgeParts(where=f"MLflow not reachable at {_safe_uri(uri)}: nothing sent (see warnings)")
+    return BridgeParts(
+        metrics=MlflowMetricExporter(session),
+        spans=MlflowSpanExporter(session),
+        logs=MlflowLogExporter(session),
+        finish=session.end,
+        where=session.where,
+    )
+
+
+__all__ = [
+    "MlflowLogExporter",
+    "MlflowMetricExporter",
+    "MlflowSession",
+    "MlflowSpanExporter",
+    "flatten_params",
+    "open_bridge",
+    "sanitize_key",
+]

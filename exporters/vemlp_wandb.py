@@ -1,0 +1,111 @@
+"""Volcengine ML Platform's wandb (``vemlp_wandb``) bridge.
+
+As the reference did::
+
+    volcengine_ml_platform.init(ak=$VOLC_ACCESS_KEY_ID, sk=$VOLC_SECRET_ACCESS_KEY, region=$MLP_TRACKING_REGION)
+    volcengine_ml_platform.wandb.init(project=project, name=experiment, config=config, sync_tensorboard=True)
+
+then everything goes through the wandb bridge's code with ``volcengine_ml_platform.wandb`` as the
+wandb module: the same stored keys, steps, values, timing scalars and ``val/generations`` table.
+The DAPO filtered-reward table stays wandb-only, as in the reference.  The access keys go to the
+platform's ``init`` only, never into the run's config (which is redacted anyway).
+
+``volcengine_ml_platform`` is imported only when this backend is opened; ``open_bridge`` also takes
+the platform module as an argument (``platform_module``), for tests and for wrapping.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from otel_tracking.exporters._base import BridgeContext, BridgeParts
+from otel_tracking.exporters.wandb import (
+    GENERATIONS_EVENT,
+    SharedSessions,
+    WandbLogExporter,
+    WandbMetricExporter,
+    WandbSession,
+    WandbSpanExporter,
+    bridge_parts,
+    open_session,
+    resume_kwargs,
+)
+from otel_tracking.settings import ConfigError
+
+PLATFORM_PACKAGE = "volcengine_ml_platform"
+BACKEND = "vemlp_wandb"
+_ENV = {"ak": "VOLC_ACCESS_KEY_ID", "sk": "VOLC_SECRET_ACCESS_KEY", "region": "MLP_TRACKING_REGION"}
+
+
+def import_platform() -> Any:
+    try:
+        return importlib.import_module(PLATFORM_PACKAGE)
+    except ModuleNotFoundError as error:
+        if error.name != PLATFORM_PACKAGE and not (error.name or "").startswith(PLATFORM_PACKAGE + "."):
+            raise
+        raise ConfigError(
+            f"backend 'vemlp_wandb' needs Volcengine ML Platform's SDK, the {PLATFORM_PACKAGE!r} package, "
+            "which is not installed in this environment"
+        ) from error
+
+
+def platform_wandb(platform: Any) -> Any:
+    """``from volcengine_ml_platform import wandb``: the attribute, else the submodule."""
+    module = getattr(platform, "wandb", None)
+    if module is not None:
+        return module
+    name = getattr(platform, "__name__", PLATFORM_PACKAGE)
+    try:
+        return importlib.import_module(f"{name}.wandb")
+    except ModuleNotFoundError as error:
+        raise ConfigError(f"backend 'vemlp_wandb': {name!r} has no 'wandb' module") from error
+
+
+def open_vemlp_session(context: BridgeContext, platform_module: Any = None) -> WandbSession:
+    platform = import_platform() if platform_module is None else platform_module
+    missing = [name for name in _ENV.values() if not context.env.get(name)]
+    if missing:
+        raise ConfigError(f"backend 'vemlp_wandb' needs the environment variable(s) {', '.join(missing)}")
+    platform.init(**{arg: context.env[name] for arg, name in _ENV.items()})
+    kwargs: dict[str, Any] = {
+        "project": context.project,
+        "name": context.experiment,
+        "config": context.config,
+        "sync_tensorboard": True,
+    }
+    return open_session(
+        platform_wandb(platform),
+        backend=BACKEND,
+        monotonic_steps=False,  # the platform's wandb decides (with sync_tensorboard, wandb ignores steps)
+        **{**kwargs, **resume_kwargs(context)},
+    )
+
+
+_SHARED = SharedSessions(open_vemlp_session)
+
+
+class VemlpWandbMetricExporter(WandbMetricExporter):
+    _shared = _SHARED
+
+
+class VemlpWandbSpanExporter(WandbSpanExporter):
+    _shared = _SHARED
+
+
+class VemlpWandbLogExporter(WandbLogExporter):
+    _shared = _SHARED
+    events = (GENERATIONS_EVENT,)  # the reference's DAPO reward table is wandb-only
+
+
+def open_bridge(context: BridgeContext, platform_module: Any = None) -> BridgeParts:
+    session = open_vemlp_session(context, platform_module)
+    return bridge_parts(session, VemlpWandbMetricExporter, VemlpWandbSpanExporter, VemlpWandbLogExporter)
+
+
+__all__ = [
+    "VemlpWandbLogExporter",
+    "VemlpWandbMetricExporter",
+    "VemlpWandbSpanExporter",
+    "open_bridge",
+]
