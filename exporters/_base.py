@@ -15,12 +15,16 @@ Threads, queues and retries are not the bridges' business: the layer around them
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
+import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
@@ -29,11 +33,14 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
     Sum,
 )
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking import settings
 from otel_tracking.spans import STEP_ATTRIBUTE
 from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC
 from otel_tracking.values import decode_others
+
+logger = logging.getLogger("otel_tracking")
 
 
 # Gauges only report what was set since the last collection under DELTA: in a plain SDK setup, a
@@ -148,6 +155,189 @@ class StepMetricExporter(MetricExporter):
         return None
 
 
+# --- the shape every ML bridge shares ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    """A log record as bridges read it (see ``otel_tracking.generations`` for the event shapes)."""
+
+    name: str
+    step: int | None
+    key: str | None
+    body: Mapping[str, Any]
+    attributes: Mapping[str, Any]
+
+    @classmethod
+    def from_log(cls, item: Any) -> Event:
+        record = item.log_record
+        attributes = dict(record.attributes or {})
+        raw = attributes.get(STEP_ATTRIBUTE)
+        step = int(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
+        key = attributes.get("ml.key")
+        body = record.body if isinstance(record.body, Mapping) else {}
+        return cls(record.event_name or "", step, str(key) if key is not None else None, body, attributes)
+
+
+class BridgeSession(ABC):
+    """One backend run, shared by a bridge's metric, span and log exporters.
+
+    Subclasses open the run (:meth:`open`) and implement the writes.  A write returns True when the
+    backend took the data, or refused it for good (counted and warned about by the session: a retry
+    could not change it); False when the backend failed and a retry or the spool may help.  No
+    threads, no queues: the delivery layer around the exporters owns those.
+    """
+
+    last_step: int = 0  # the latest step written; spans without ``ml.step`` land there
+    where: str = ""  # for the end-of-run summary
+    resume: dict[str, Any] | None = None  # what ``open`` needs (as ``context.resume``) to reattach
+
+    @classmethod
+    @abstractmethod
+    def open(cls, context: BridgeContext) -> BridgeSession: ...
+
+    @abstractmethod
+    def write_step(self, record: StepRecord) -> bool: ...
+
+    @abstractmethod
+    def write_timing(self, step: int, key: str, seconds: float) -> bool: ...
+
+    def write_spans(self, spans: Sequence[Any]) -> bool:
+        ok = True
+        for span in spans:
+            ok = self.write_timing(*span_timing(span, self.last_step)) and ok
+        return ok
+
+    def write_event(self, event: Event) -> bool:
+        return True  # by default a backend has no place for events
+
+    @abstractmethod
+    def finish(self, exit_code: int = 0) -> None: ...
+
+
+class _SharedSessions:
+    """Exporters built with no arguments (a plain OTel SDK setup builds each one separately) share
+    one session per bridge and process, opened from the environment on first use and finished
+    when the last of them shuts down."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[type[BridgeSession], tuple[BridgeSession, int]] = {}
+
+    def acquire(self, kind: type[BridgeSession]) -> BridgeSession:
+        with self._lock:
+            session, users = self._open.get(kind, (None, 0))
+            if session is None:
+                session = kind.open(BridgeContext.from_env())
+            self._open[kind] = (session, users + 1)
+            return session
+
+    def release(self, kind: type[BridgeSession]) -> None:
+        with self._lock:
+            session, users = self._open[kind]
+            if users > 1:
+                self._open[kind] = (session, users - 1)
+                return
+            del self._open[kind]
+        session.finish(0)
+
+
+_shared = _SharedSessions()
+
+
+class _UsesSession:
+    """The session an exporter writes to: handed in by ``open_bridge``, or the shared one."""
+
+    session_class: type[BridgeSession]
+
+    def _use(self, session: BridgeSession | None) -> None:
+        self._shared = session is None
+        self.session = _shared.acquire(self.session_class) if session is None else session
+        self._released = False
+
+    def _release(self) -> None:
+        if self._shared and not self._released:
+            self._released = True
+            _shared.release(self.session_class)
+
+    def _guarded(self, what: str, write: Callable[[], bool]) -> bool:
+        try:
+            return write()
+        except Exception:
+            logger.debug("%s: %s export failed", type(self).__name__, what, exc_info=True)
+            return False
+
+
+class BridgeMetricExporter(_UsesSession, StepMetricExporter):
+    def __init__(self, session: BridgeSession | None = None) -> None:
+        StepMetricExporter.__init__(self)
+        self._use(session)
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        ok = True
+        for record in self.records(metrics_data):
+            ok = self._guarded("metrics", lambda r=record: self.session.write_step(r)) and ok  # type: ignore[misc]
+            self.session.last_step = record.step
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def write(self, record: StepRecord) -> None:
+        if not self.session.write_step(record):
+            raise RuntimeError(f"{type(self).__name__}: the backend did not take step {record.step}")
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._release()
+
+
+class BridgeSpanExporter(_UsesSession, SpanExporter):
+    def __init__(self, session: BridgeSession | None = None) -> None:
+        self._use(session)
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        ok = self._guarded("spans", lambda: self.session.write_spans(spans))
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self._release()
+
+
+class BridgeLogExporter(_UsesSession, LogRecordExporter):
+    def __init__(self, session: BridgeSession | None = None) -> None:
+        self._use(session)
+
+    def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
+        ok = True
+        for item in batch:
+            event = Event.from_log(item)
+            ok = self._guarded("logs", lambda e=event: self.session.write_event(e)) and ok  # type: ignore[misc]
+        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self._release()
+
+
+def bridge_parts(
+    session: BridgeSession,
+    metrics: type[BridgeMetricExporter],
+    spans: type[BridgeSpanExporter],
+    logs: type[BridgeLogExporter],
+) -> BridgeParts:
+    """What ``open_bridge`` returns: the three exporters on one session, and its end."""
+    return BridgeParts(
+        metrics=metrics(session),
+        spans=spans(session),
+        logs=logs(session),
+        finish=session.finish,
+        where=session.where,
+        resume=session.resume,
+    )
+
+
 def finite_only(scalars: dict[str, int | float]) -> dict[str, int | float]:
     """For backends that cannot store NaN/inf."""
     return {k: v for k, v in scalars.items() if not (isinstance(v, float) and not math.isfinite(v))}
@@ -179,9 +369,15 @@ def hex_id(value: int | None, width: int) -> str | None:
 
 __all__: Sequence[str] = [
     "BridgeContext",
+    "BridgeLogExporter",
+    "BridgeMetricExporter",
     "BridgeParts",
+    "BridgeSession",
+    "BridgeSpanExporter",
+    "Event",
     "StepMetricExporter",
     "StepRecord",
+    "bridge_parts",
     "finite_only",
     "hex_id",
     "span_duration_s",

@@ -7,6 +7,7 @@ does (so ``0.1``, ``True``, ``nan``), in the order the caller logged them.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, TextIO
 
 from otel_tracking.exporters._base import StepMetricExporter, StepRecord
@@ -23,11 +24,14 @@ class ConsoleMetricExporter(StepMetricExporter):
     def __init__(self, out: TextIO | None = None) -> None:
         super().__init__()
         self._out = out
+        self._lock = threading.Lock()  # one whole line per log() call, whichever thread logs
 
     def write(self, record: StepRecord) -> None:
+        line = format_line(record) + "\n"
         out = self._out or sys.stdout  # resolved per call so pytest's capsys and redirects work
-        out.write(format_line(record) + "\n")
-        out.flush()
+        with self._lock:
+            out.write(line)
+            out.flush()
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         return None

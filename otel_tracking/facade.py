@@ -85,6 +85,7 @@ class Tracking:
     def log(self, data: Mapping[str, Any], step: int, backend: str | Iterable[str] | None = None) -> None:
         if self._run is None:
             return
+
         backends = None if backend is None else ([backend] if isinstance(backend, str) else list(backend))
         self._run.log(data, step, backends)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import threading
 import time
 import weakref
@@ -118,6 +119,7 @@ class Run:
         with _active_lock:
             _active_runs.append(weakref.ref(self))
         _at_exit(self)
+        _finish_on_sigterm()
 
     @property
     def all_sinks(self) -> list[Sink]:
@@ -143,10 +145,13 @@ class Run:
     # --- the hot path ----------------------------------------------------------------------------
 
     def log(self, data: Mapping[str, Any], step: Any, backends: Sequence[str] | None = None) -> None:
-        if self.finished or self.pid != os.getpid():
-            return  # a finished run, or a forked child that must not re-export its parent's run
-        step = to_step(step)
+        step = to_step(step)  # bad input gets its error even after finish()
         scalars, others = split_values(data)
+        if self.finished:
+            return
+        if self.pid != os.getpid():  # a forked child must not re-export its parent's run
+            _warn_forked_once()
+            return
         now = time.time_ns()
         targets = self.sinks if backends is None else [s for s in self.sinks if s.name in backends]
         if targets:
@@ -207,6 +212,23 @@ class Run:
         return {sink.name: sink.stats.as_dict() for sink in self.all_sinks}
 
 
+_warned_fork = False
+
+
+def _warn_forked_once() -> None:
+    global _warned_fork
+    if not _warned_fork:
+        _warned_fork = True
+        logger.warning(
+            "otel-tracking: log() on a run inherited through fork() is ignored (the parent process owns "
+            "that run and its exporters); create a Tracking in the child process instead"
+        )
+
+
+# The exit code an unfinished run gets at interpreter exit: 0, or 128 + signal after SIGTERM.
+_exit_code_at_exit = 0
+
+
 def _at_exit(run: Run) -> None:
     """Finish ``run`` at exit unless it was finished (a weak reference: the hook keeps nothing alive)."""
     ref = weakref.ref(run)
@@ -214,7 +236,7 @@ def _at_exit(run: Run) -> None:
     def finish_if_open() -> None:
         live = ref()
         if live is not None and not live.finished:
-            live.finish(exit_code=0)
+            live.finish(exit_code=_exit_code_at_exit)
 
     register = getattr(threading, "_register_atexit", None)  # private, but stable since 3.9
     try:
@@ -223,3 +245,30 @@ def _at_exit(run: Run) -> None:
         register(finish_if_open)
     except RuntimeError:
         atexit.register(finish_if_open)
+
+
+_sigterm_installed = False
+
+
+def _finish_on_sigterm() -> None:
+    """SIGTERM (what a scheduler sends before it kills a job) ends the process through ``SystemExit``
+    instead of killing it on the spot: the main thread unwinds (``with Tracking(...)`` blocks and
+    open ``trace_state`` spans end, holding no lock), then the exit hook above finishes every open
+    run with exit code 128 + SIGTERM, flushed.  A handler the application installed earlier runs
+    first; one that ignores SIGTERM is left alone.  Only the main thread can install handlers."""
+    global _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        global _exit_code_at_exit
+        _exit_code_at_exit = 128 + signum
+        if callable(previous):
+            previous(signum, frame)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    _sigterm_installed = True

@@ -10,8 +10,9 @@ Numbers (become gauge points):
 
 Everything else (``None``, strings, lists, dicts, arrays with more than one element, complex
 numbers, ...) is not a number: it is never turned into a gauge, but it is kept and reaches the file
-sink in the metrics line exactly as the reference's ``orjson`` dump wrote it; what JSON cannot
-express at all is written as its ``str()``.
+sink in the metrics line exactly as the reference's ``orjson`` dump wrote it.  Where that dump
+raised, we write instead: scalars nested inside (0-d arrays, tensors) as their number, other arrays
+and tensors as lists, ints beyond 64 bits as floats, anything else as its ``str()``.
 
 Keys must be ``str`` (a ``TypeError`` names the bad key); steps must be integers (``int``, numpy
 ints, integral floats such as ``3.0``) or a ``TypeError`` names the step.
@@ -96,7 +97,35 @@ def split_values(data: Mapping[str, Any]) -> tuple[dict[str, int | float], dict[
 
 def encode_others(others: Mapping[str, Any]) -> str:
     """JSON text for the non-number values, as the file sink will write them."""
-    return orjson.dumps(others, default=str, option=_EXTRAS_OPTIONS).decode()
+    try:
+        return orjson.dumps(others, default=_json_default, option=_EXTRAS_OPTIONS).decode()
+    except orjson.JSONEncodeError:  # an int beyond 64 bits somewhere inside: orjson cannot write it
+        return orjson.dumps(_ints_to_floats(others), default=_json_default, option=_EXTRAS_OPTIONS).decode()
+
+
+def _json_default(value: Any) -> Any:
+    """For what orjson cannot write itself: scalars (0-d arrays, tensors) as their number, arrays and
+    tensors as lists, anything else as its str()."""
+    number = to_number(value)
+    if number is not None:
+        return number
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        try:
+            return tolist()
+        except Exception:
+            pass
+    return str(value)
+
+
+def _ints_to_floats(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value < 2**64:
+        return float(value)
+    if isinstance(value, Mapping):
+        return {k: _ints_to_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_ints_to_floats(v) for v in value]
+    return value
 
 
 def decode_others(text: str) -> dict[str, Any]:

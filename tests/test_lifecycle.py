@@ -1,0 +1,159 @@
+"""Process lifecycle: SIGTERM, SIGKILL, fork, and many threads logging at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from otel_tracking import Tracking, trace_state
+from tests.otlp_receiver import HttpReceiver, wait_for
+
+
+def child_env(receiver: HttpReceiver | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER")}
+    if receiver is not None:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+    return env
+
+
+def file_steps(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+LOOP = textwrap.dedent(
+    """
+    import sys, time
+    from otel_tracking import Tracking, trace_state
+
+    t = Tracking("proj", "exp", default_backend="file")
+    step = 0
+    while True:
+        with trace_state("phase", step=step):
+            t.log({"loss": 1.0 / (step + 1)}, step)
+            print(f"logged {step}", flush=True)
+            time.sleep(0.01)
+        step += 1
+    """
+)
+
+
+def run_until(tmp_path: Path, env: dict[str, str], steps: int) -> tuple[subprocess.Popen[str], int]:
+    process = subprocess.Popen([sys.executable, "-c", LOOP], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    last = -1
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("logged "):
+            last = int(line.split()[1])
+            if last >= steps:
+                break
+    return process, last
+
+
+def test_sigterm_finishes_the_run_cleanly(tmp_path: Path) -> None:
+    with HttpReceiver() as receiver:
+        process, last = run_until(tmp_path, child_env(receiver), 20)
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+        assert process.returncode == 128 + signal.SIGTERM
+        printed = last + sum(1 for line in rest.splitlines() if line.startswith("logged "))
+        steps = file_steps(tmp_path / "proj" / "exp.jsonl")
+        assert steps == list(range(len(steps))) and len(steps) >= printed
+        # finish() ran: the final gauges and every ended span reached the collector.
+        assert wait_for(receiver.received.last_gauges, what="gauges")["train.step"] == steps[-1]
+        spans = wait_for(lambda: len(receiver.received.spans()) >= len(steps) and receiver.received.spans())
+        interrupted = [s for s in spans if s["attributes"]["ml.step"] == steps[-1]]
+        assert len(interrupted) == 1, "the span open at SIGTERM was ended, once"
+    events = [json.loads(line) for line in (tmp_path / "proj" / "exp.events.jsonl").read_text().splitlines()]
+    assert len(events) == len(spans)
+
+
+def test_after_sigkill_the_file_holds_every_step_log_returned(tmp_path: Path) -> None:
+    process, last = run_until(tmp_path, child_env(), 50)
+    process.kill()
+    process.wait(timeout=30)
+    steps = file_steps(tmp_path / "proj" / "exp.jsonl")
+    assert steps[: last + 1] == list(range(last + 1)), "every step whose log() returned is on disk"
+
+
+FORK = textwrap.dedent(
+    """
+    import os, sys
+    from otel_tracking import Tracking, trace_state
+
+    t = Tracking("proj", "exp", default_backend="file")
+    for step in range(5):
+        with trace_state("parent", step=step):
+            t.log({"x": step}, step)
+    pid = os.fork()
+    if pid == 0:
+        with trace_state("child", step=100):
+            t.log({"x": 100}, 100)
+        sys.exit(0)  # a normal exit: exit hooks run in the child too
+    os.waitpid(pid, 0)
+    for step in range(5, 10):
+        with trace_state("parent", step=step):
+            t.log({"x": step}, step)
+    t.finish()
+    """
+)
+
+
+def test_a_forked_child_does_not_re_export_the_parents_run(tmp_path: Path) -> None:
+    with HttpReceiver() as receiver:
+        out = subprocess.run(
+            [sys.executable, "-c", FORK],
+            cwd=tmp_path,
+            env=child_env(receiver),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "inherited through fork() is ignored" in out.stderr
+        assert file_steps(tmp_path / "proj" / "exp.jsonl") == list(range(10))
+        spans = wait_for(lambda: len(receiver.received.spans()) >= 10 and receiver.received.spans())
+        assert sorted(s["attributes"]["ml.step"] for s in spans) == list(range(10))
+        assert {s["name"] for s in spans} == {"parent"}
+        steps_seen = [value for _, name, _, value, _ in receiver.received.gauge_points() if name == "train.step"]
+        assert 100 not in steps_seen and steps_seen[-1] == 9
+
+
+def test_eight_threads_logging_at_once_lose_nothing(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        tracking = Tracking("proj", "exp", default_backend=["file", "console"])
+        barrier = threading.Barrier(8)
+
+        def worker(lane: int) -> None:
+            barrier.wait()
+            for i in range(200):
+                with trace_state("work", state_lane_id=lane):
+                    tracking.log({f"lane{lane}/value": lane * 1000 + i}, step=lane * 1000 + i)
+
+        threads = [threading.Thread(target=worker, args=(lane,)) for lane in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = tracking.finish()
+        lines = [json.loads(line) for line in (isolated / "proj" / "exp.jsonl").read_text().splitlines()]
+        assert sorted(line["step"] for line in lines) == sorted(
+            lane * 1000 + i for lane in range(8) for i in range(200)
+        )
+        for line in lines:
+            ((key, value),) = line["data"].items()
+            assert value == line["step"] and key == f"lane{line['step'] // 1000}/value"
+        assert stats["otlp-traces"]["delivered"] == 1600
+        spans = receiver.received.spans()
+        assert len(spans) == 1600 and len({s["span_id"] for s in spans}) == 1600
+        gauges = receiver.received.last_gauges()
+        for lane in range(8):
+            assert gauges[f"lane{lane}/value"] == lane * 1000 + 199
