@@ -58,8 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--out", default="otel-tracking-demo", help="directory for the local sinks' files")
     demo.set_defaults(func=_demo)
 
-    stack = commands.add_parser("stack", help="run a local collector, Jaeger and Prometheus (up|down|status)")
-    stack.add_argument("action", choices=["up", "down", "status"])
+    stack = commands.add_parser("stack", help="run a local collector, Jaeger and Prometheus (up|down|status|build)")
+    stack.add_argument("action", choices=["up", "down", "status", "build"])
     stack.add_argument("rest", nargs=argparse.REMAINDER)
     stack.set_defaults(func=_stack)
 

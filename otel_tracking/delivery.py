@@ -37,7 +37,7 @@ _MAX_MERGE = 512
 
 @dataclass(frozen=True)
 class Policy:
-    queue_size: int = 10_000
+    queue_size: int = 2_000  # per sink; a 200-metric step is ~100 KB in memory: ~200 MB at most
     max_attempts: int = 4
     backoff_s: float = 0.1
     backoff_max_s: float = 2.0

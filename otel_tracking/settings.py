@@ -305,5 +305,5 @@ def describe_otlp(settings: Settings) -> str:
 
 def targets_dir(env: Mapping[str, str] | None = None) -> Path | None:
     """Where scrape-target files go (the collector's file_sd directory), if configured."""
-    raw = _env(env).get("OTEL_TRACKING_TARGETS_DIR")
+    raw = _env(env).get("OTEL_TRACKING_SCRAPE_TARGETS_DIR")
     return Path(os.path.expanduser(raw)) if raw else None

@@ -1,7 +1,7 @@
 """Prometheus scrape targets as file-based service discovery files.
 
 ``register_metrics(addresses, job_name, labels)`` of the reference API lands here: one JSON file
-per registration in ``OTEL_TRACKING_TARGETS_DIR`` (the directory the collector's prometheus
+per registration in ``OTEL_TRACKING_SCRAPE_TARGETS_DIR`` (the directory the collector's prometheus
 receiver watches with ``file_sd_configs``; ``otel-tracking stack up`` prints it), in the standard
 format ``[{"targets": ["host:port"], "labels": {"job": ..., ...}}]``.  Files are written atomically
 (temp file + rename), so the collector never reads half a file.
@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +34,28 @@ def scrape_targets(
     return groups
 
 
+def safe_job_name(job_name: str | None) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", job_name or "otel_tracking") or "otel_tracking"
+
+
 def write_targets_file(directory: Path, job_name: str | None, groups: list[dict[str, Any]]) -> Path:
+    """``<directory>/<job>-<digest of the groups>.json``: registering other addresses for the same
+    job adds a file, registering the same ones again rewrites the same file.  The collector only
+    globs ``*.json``, so the temp file it is written through is never read half-written."""
     directory.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha1(json.dumps(groups, sort_keys=True).encode()).hexdigest()[:12]
-    path = directory / f"{job_name or 'otel_tracking'}-{digest}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(groups, indent=1))
+    path = directory / f"{safe_job_name(job_name)}-{digest}.json"
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(groups, handle, indent=1)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path
+
+
+def remove_targets_files(directory: Path, job_name: str | None) -> None:
+    for path in directory.glob(f"{safe_job_name(job_name)}-*.json"):
+        path.unlink(missing_ok=True)
 
 
 def register_scrape_targets(

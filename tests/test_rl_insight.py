@@ -69,7 +69,7 @@ def test_tracking_backend_shares_its_run(isolated: Path, monkeypatch: pytest.Mon
 def test_register_metrics_writes_file_sd_targets_once(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERL_RL_INSIGHT_ENABLE", "1")
     targets = isolated / "targets"
-    monkeypatch.setenv("OTEL_TRACKING_TARGETS_DIR", str(targets))
+    monkeypatch.setenv("OTEL_TRACKING_SCRAPE_TARGETS_DIR", str(targets))
     labels = [{"replica": "0"}, {"replica": "1"}]
     RLInsightLogger.register_rollout_metrics(["http://127.0.0.1:8001/", "127.0.0.1:8002"], "vllm", labels)
     RLInsightLogger.register_rollout_metrics(["http://127.0.0.1:8001/", "127.0.0.1:8002"], "vllm", labels)

@@ -1,0 +1,717 @@
+"""The local observability stack: OpenTelemetry Collector, Jaeger v2 and Prometheus.
+
+Real programs on the loopback interface, no containers:
+
+- ``otelcol``: built with the OpenTelemetry Collector Builder from
+  ``deploy/collector/builder-config.yaml`` and run with the repository's
+  ``collector-config.yaml``;
+- ``jaeger``: ``github.com/jaegertracing/jaeger/cmd/jaeger`` built with ``go build``, run with
+  ``deploy/jaeger/config.yaml`` (in-memory storage, OTLP in, HTTP query API out);
+- ``prometheus``: Debian's ``/usr/bin/prometheus`` with a generated config that scrapes the
+  collector's Prometheus exporter every second.
+
+Binaries are cached under ``~/.cache/otel-tracking/bin`` (``$OTEL_TRACKING_CACHE_DIR``
+overrides the root), keyed by version and, for the collector, a hash of the manifest, so a
+second run reuses them.
+
+This module is self-contained (standard library only) and imports nothing else from
+``otel_tracking``. ``main(argv)`` implements ``otel-tracking stack up|down|status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BUILDER_VERSION",
+    "JAEGER_VERSION",
+    "Ports",
+    "Stack",
+    "StackError",
+    "cache_dir",
+    "ensure_binaries",
+    "main",
+]
+
+BUILDER_VERSION = "v0.165.0"
+JAEGER_MODULE = "github.com/jaegertracing/jaeger"
+JAEGER_VERSION = "v1.76.0"
+HOST = "127.0.0.1"
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COLLECTOR_MANIFEST = REPO_ROOT / "deploy" / "collector" / "builder-config.yaml"
+COLLECTOR_CONFIG = REPO_ROOT / "collector-config.yaml"
+JAEGER_CONFIG = REPO_ROOT / "deploy" / "jaeger" / "config.yaml"
+
+PROCESS_NAMES = ("jaeger", "collector", "prometheus")
+
+
+class StackError(RuntimeError):
+    """A binary cannot be built or found, or a program did not become healthy."""
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+def cache_dir() -> Path:
+    """Root of the cache: ``$OTEL_TRACKING_CACHE_DIR`` or ``$XDG_CACHE_HOME/otel-tracking``."""
+    explicit = os.environ.get("OTEL_TRACKING_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "otel-tracking"
+
+
+def _log(msg: str) -> None:
+    print(f"[otel-tracking stack] {msg}", file=sys.stderr, flush=True)
+
+
+def _go() -> str:
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
+    if not go:
+        raise StackError("the Go toolchain is needed to build otelcol and jaeger, but `go` is not on PATH")
+    return go
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    flags = env.get("GOFLAGS", "").split()
+    if not any(f.startswith("-mod=") for f in flags):
+        flags.append("-mod=mod")
+    env["GOFLAGS"] = " ".join(flags)
+    return env
+
+
+def _run_logged(cmd: Sequence[str], cwd: Path, log: Path, env: Mapping[str, str]) -> None:
+    with log.open("a") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.run(list(cmd), cwd=cwd, env=dict(env), stdout=fh, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise StackError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}")
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def manifest_key(manifest: Path = COLLECTOR_MANIFEST) -> str:
+    """``<dist.version>-<hash>`` of the builder manifest (comments and output_path ignored)."""
+    text = manifest.read_text()
+    lines = []
+    for line in text.splitlines():
+        stripped = line.split(" #", 1)[0].rstrip()
+        if not stripped.strip() or stripped.lstrip().startswith("#"):
+            continue
+        if stripped.strip().startswith("output_path:"):
+            continue
+        lines.append(stripped)
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
+    match = re.search(r"^\s+version:\s*['\"]?([^'\"\s]+)", text, re.M)
+    version = match.group(1) if match else "unknown"
+    return f"{version}-{digest}"
+
+
+def _ensure_builder(bin_root: Path) -> Path:
+    target_dir = bin_root / f"ocb-{BUILDER_VERSION}"
+    builder = target_dir / "builder"
+    if builder.exists():
+        return builder
+    target_dir.mkdir(parents=True, exist_ok=True)
+    env = _go_env()
+    env["GOBIN"] = str(target_dir)
+    _log(f"installing the collector builder {BUILDER_VERSION}")
+    _run_logged(
+        [_go(), "install", f"go.opentelemetry.io/collector/cmd/builder@{BUILDER_VERSION}"],
+        cwd=target_dir,
+        log=target_dir / "install.log",
+        env=env,
+    )
+    return builder
+
+
+def build_collector(manifest: Path = COLLECTOR_MANIFEST, bin_root: Path | None = None) -> Path:
+    """Build otelcol from the manifest with ocb, or reuse the cached binary."""
+    bin_root = bin_root or cache_dir() / "bin"
+    out_dir = bin_root / f"otelcol-{manifest_key(manifest)}"
+    binary = out_dir / "otelcol"
+    if binary.exists():
+        return binary
+    with _lock(bin_root / ".otelcol.lock"):
+        if binary.exists():
+            return binary
+        builder = _ensure_builder(bin_root)
+        build_dir = out_dir / "build"
+        src = build_dir / "src"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        text = re.sub(r"^(\s+output_path:).*$", rf"\g<1> {src}", manifest.read_text(), count=1, flags=re.M)
+        cfg = build_dir / "builder-config.yaml"
+        cfg.write_text(text)
+        log = build_dir / "build.log"
+        _log(f"building otelcol with ocb {BUILDER_VERSION} (several minutes; log: {log})")
+        start = time.monotonic()
+        _run_logged([str(builder), "--config", str(cfg)], cwd=build_dir, log=log, env=_go_env())
+        built = src / "otelcol"
+        if not built.exists():
+            raise StackError(f"ocb finished but {built} is missing; see {log}")
+        os.replace(built, binary)
+        _log(f"built {binary} in {time.monotonic() - start:.0f} s")
+    return binary
+
+
+def build_jaeger(bin_root: Path | None = None, version: str = JAEGER_VERSION) -> Path:
+    """Build Jaeger v2 (``cmd/jaeger``) in a throwaway module, or reuse the cached binary."""
+    bin_root = bin_root or cache_dir() / "bin"
+    out_dir = bin_root / f"jaeger-{version.lstrip('v')}"
+    binary = out_dir / "jaeger"
+    if binary.exists():
+        return binary
+    with _lock(bin_root / ".jaeger.lock"):
+        if binary.exists():
+            return binary
+        mod = out_dir / "mod"
+        mod.mkdir(parents=True, exist_ok=True)
+        log = out_dir / "build.log"
+        env = _go_env()
+        go = _go()
+        _log(f"building jaeger {version} (several minutes; log: {log})")
+        start = time.monotonic()
+        if not (mod / "go.mod").exists():
+            _run_logged([go, "mod", "init", "x"], cwd=mod, log=log, env=env)
+        _run_logged([go, "get", "-tool", f"{JAEGER_MODULE}/cmd/jaeger@{version}"], cwd=mod, log=log, env=env)
+        tmp = out_dir / "jaeger.tmp"
+        _run_logged(
+            [go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp), f"{JAEGER_MODULE}/cmd/jaeger"],
+            cwd=mod,
+            log=log,
+            env=env,
+        )
+        os.replace(tmp, binary)
+        _log(f"built {binary} in {time.monotonic() - start:.0f} s")
+    return binary
+
+
+def find_prometheus(install: bool = True) -> Path:
+    """Debian's prometheus; installed with apt-get when missing and running as root."""
+    found = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
+    if found:
+        return Path(found)
+    if install and os.geteuid() == 0 and shutil.which("apt-get"):
+        _log("installing prometheus with apt-get")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "prometheus"]):
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise StackError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        if Path("/usr/bin/prometheus").exists():
+            return Path("/usr/bin/prometheus")
+    raise StackError(
+        "prometheus not found: install Debian's package (`sudo apt-get install -y prometheus`) "
+        "or put a prometheus binary on PATH"
+    )
+
+
+def ensure_binaries() -> dict[str, Path]:
+    """Build or reuse otelcol and jaeger, find prometheus; ``{"collector", "jaeger", "prometheus"}``."""
+    return {
+        "collector": build_collector(),
+        "jaeger": build_jaeger(),
+        "prometheus": find_prometheus(),
+    }
+
+
+# --------------------------------------------------------------------------- ports
+
+
+@dataclasses.dataclass
+class Ports:
+    """Every port the stack listens on (all on 127.0.0.1)."""
+
+    otlp_grpc: int = 4317
+    otlp_http: int = 4318
+    prom_exporter: int = 8889
+    collector_health: int = 13133
+    jaeger_otlp_grpc: int = 14317
+    jaeger_otlp_http: int = 14318
+    jaeger_ui: int = 16686
+    jaeger_grpc: int = 16685
+    jaeger_health: int = 13134
+    prometheus: int = 9090
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Ports the kernel reports free right now (for tests)."""
+        socks = []
+        try:
+            values = []
+            for _ in dataclasses.fields(cls):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind((HOST, 0))
+                socks.append(s)
+                values.append(s.getsockname()[1])
+        finally:
+            for s in socks:
+                s.close()
+        return cls(*values)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, int]) -> Ports:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: int(v) for k, v in data.items() if k in names})
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- stack
+
+
+def _http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child counts as gone
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _pid_runs(pid: int, binary: str) -> bool:
+    """The pid is alive and still runs ``binary`` (guards against a recycled pid)."""
+    if not _pid_alive(pid):
+        return False
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return True  # cannot tell; trust the pid file
+    return Path(exe.removesuffix(" (deleted)")).name == Path(binary).name
+
+
+class Stack:
+    """The three programs, started as subprocesses with logs and pid files in ``workdir``.
+
+    >>> with Stack(tmp_path, Ports.free()) as stack:
+    ...     stack.prom_query("up")
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        ports: Ports | Mapping[str, int] | None = None,
+        *,
+        binaries: Mapping[str, Path] | None = None,
+        collector_config: str | os.PathLike[str] = COLLECTOR_CONFIG,
+        jaeger_config: str | os.PathLike[str] = JAEGER_CONFIG,
+        scrape_interval: str = "1s",
+        spanmetrics_flush: str = "5s",
+        startup_timeout: float = 60.0,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        if ports is None:
+            ports = Ports()
+        elif not isinstance(ports, Ports):
+            ports = Ports.from_dict(ports)
+        self.ports = ports
+        self.binaries = dict(binaries) if binaries else None
+        self.collector_config = Path(collector_config)
+        self.jaeger_config = Path(jaeger_config)
+        self.scrape_interval = scrape_interval
+        self.spanmetrics_flush = spanmetrics_flush
+        self.startup_timeout = startup_timeout
+        self.targets_dir = self.workdir / "scrape-targets"
+        self.log_dir = self.workdir / "logs"
+        self.pid_dir = self.workdir / "pids"
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # ---------------------------------------------------------------- endpoints
+
+    @property
+    def otlp_http_endpoint(self) -> str:
+        return f"http://{HOST}:{self.ports.otlp_http}"
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        return f"http://{HOST}:{self.ports.otlp_grpc}"
+
+    @property
+    def jaeger_url(self) -> str:
+        return f"http://{HOST}:{self.ports.jaeger_ui}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://{HOST}:{self.ports.prometheus}"
+
+    @property
+    def prom_exporter_url(self) -> str:
+        return f"http://{HOST}:{self.ports.prom_exporter}/metrics"
+
+    def endpoints(self) -> dict[str, str]:
+        return {
+            "otlp_http": self.otlp_http_endpoint,
+            "otlp_grpc": self.otlp_grpc_endpoint,
+            "jaeger_ui": self.jaeger_url,
+            "prometheus": self.prometheus_url,
+            "collector_prometheus_exporter": self.prom_exporter_url,
+            "collector_health": f"http://{HOST}:{self.ports.collector_health}/",
+            "scrape_targets_dir": str(self.targets_dir),
+        }
+
+    def client_env(self) -> dict[str, str]:
+        """Environment variables that point an OTel SDK (and otel_tracking) at this stack."""
+        return {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_http_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_TRACKING_SCRAPE_TARGETS_DIR": str(self.targets_dir),
+        }
+
+    def _program_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        p = self.ports
+        env.update(
+            {
+                "OTEL_TRACKING_HOST": HOST,
+                "OTEL_TRACKING_OTLP_GRPC_PORT": str(p.otlp_grpc),
+                "OTEL_TRACKING_OTLP_HTTP_PORT": str(p.otlp_http),
+                "OTEL_TRACKING_PROM_EXPORTER_PORT": str(p.prom_exporter),
+                "OTEL_TRACKING_HEALTH_PORT": str(p.collector_health),
+                "OTEL_TRACKING_JAEGER_OTLP_ENDPOINT": f"{HOST}:{p.jaeger_otlp_grpc}",
+                "OTEL_TRACKING_SCRAPE_TARGETS_DIR": str(self.targets_dir),
+                "OTEL_TRACKING_SCRAPE_INTERVAL": self.scrape_interval,
+                "OTEL_TRACKING_SPANMETRICS_FLUSH": self.spanmetrics_flush,
+                "OTEL_TRACKING_JAEGER_OTLP_GRPC_PORT": str(p.jaeger_otlp_grpc),
+                "OTEL_TRACKING_JAEGER_OTLP_HTTP_PORT": str(p.jaeger_otlp_http),
+                "OTEL_TRACKING_JAEGER_UI_PORT": str(p.jaeger_ui),
+                "OTEL_TRACKING_JAEGER_GRPC_PORT": str(p.jaeger_grpc),
+                "OTEL_TRACKING_JAEGER_HEALTH_PORT": str(p.jaeger_health),
+            }
+        )
+        return env
+
+    def _prometheus_config(self) -> Path:
+        cfg = self.workdir / "prometheus.yml"
+        cfg.write_text(
+            "# generated by otel_tracking.stack\n"
+            "global:\n"
+            f"  scrape_interval: {self.scrape_interval}\n"
+            f"  evaluation_interval: {self.scrape_interval}\n"
+            "scrape_configs:\n"
+            "  - job_name: otel-collector\n"
+            "    # keep job/instance as the collector exports them (job = service.name)\n"
+            "    honor_labels: true\n"
+            "    static_configs:\n"
+            f"      - targets: ['{HOST}:{self.ports.prom_exporter}']\n"
+        )
+        return cfg
+
+    def _commands(self, binaries: Mapping[str, Path]) -> dict[str, list[str]]:
+        return {
+            "jaeger": [str(binaries["jaeger"]), "--config", str(self.jaeger_config)],
+            "collector": [str(binaries["collector"]), "--config", str(self.collector_config)],
+            "prometheus": [
+                str(binaries["prometheus"]),
+                f"--config.file={self._prometheus_config()}",
+                f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
+                "--storage.tsdb.retention.time=2d",
+                f"--web.listen-address={HOST}:{self.ports.prometheus}",
+            ],
+        }
+
+    def _health_urls(self) -> dict[str, str]:
+        return {
+            "jaeger": f"{self.jaeger_url}/",
+            "collector": f"http://{HOST}:{self.ports.collector_health}/",
+            "prometheus": f"{self.prometheus_url}/-/ready",
+        }
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> Stack:
+        """Start jaeger, the collector and prometheus and wait until each is healthy."""
+        for name in PROCESS_NAMES:
+            pid = self._read_pid(name)
+            if pid is not None and _pid_alive(pid):
+                raise StackError(f"{name} already runs from {self.workdir} (pid {pid})")
+        for path in (self.collector_config, self.jaeger_config):
+            if not path.exists():
+                raise StackError(f"config file missing: {path}")
+        binaries = self.binaries or ensure_binaries()
+        for d in (self.workdir, self.targets_dir, self.log_dir, self.pid_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "stack.json").write_text(
+            json.dumps({"ports": self.ports.as_dict(), "binaries": {k: str(v) for k, v in binaries.items()}}, indent=2)
+        )
+        env = self._program_env()
+        commands = self._commands(binaries)
+        health = self._health_urls()
+        try:
+            for name in PROCESS_NAMES:
+                log = (self.log_dir / f"{name}.log").open("ab")
+                proc = subprocess.Popen(
+                    commands[name],
+                    cwd=self.workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                log.close()
+                self._procs[name] = proc
+                (self.pid_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
+                self._wait_healthy(name, health[name], proc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self, name: str, url: str, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise StackError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+            try:
+                status, _ = _http_get(url, timeout=1.0)
+                if status == 200:
+                    return
+                last = f"HTTP {status}"
+            except OSError as err:
+                last = str(err)
+            time.sleep(0.1)
+        raise StackError(
+            f"{name} not healthy at {url} after {self.startup_timeout:.0f} s ({last}):\n{self.log_tail(name)}"
+        )
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.log_dir / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _read_pid(self, name: str) -> int | None:
+        try:
+            return int((self.pid_dir / f"{name}.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _binary_names(self) -> dict[str, str]:
+        try:
+            data = json.loads((self.workdir / "stack.json").read_text())
+            return {k: Path(v).name for k, v in data.get("binaries", {}).items()}
+        except (OSError, ValueError):
+            return {"jaeger": "jaeger", "collector": "otelcol", "prometheus": "prometheus"}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM each program by pid (prometheus, collector, jaeger), SIGKILL after ``timeout``."""
+        names = self._binary_names()
+        for name in reversed(PROCESS_NAMES):
+            proc = self._procs.pop(name, None)
+            pid = proc.pid if proc is not None else self._read_pid(name)
+            if pid is not None and (proc is not None or _pid_runs(pid, names.get(name, name))):
+                self._terminate(pid, proc, timeout)
+            with contextlib.suppress(OSError):
+                (self.pid_dir / f"{name}.pid").unlink()
+
+    @staticmethod
+    def _terminate(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc is not None:
+                if proc.poll() is not None:
+                    return
+            elif not _pid_alive(pid):
+                return
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Per program: pid, whether it runs, whether its health endpoint answers 200."""
+        out: dict[str, dict[str, Any]] = {}
+        health = self._health_urls()
+        for name in PROCESS_NAMES:
+            proc = self._procs.get(name)
+            pid = proc.pid if proc is not None else self._read_pid(name)
+            running = pid is not None and (proc.poll() is None if proc is not None else _pid_alive(pid))
+            healthy = False
+            if running:
+                with contextlib.suppress(OSError):
+                    healthy = _http_get(health[name], timeout=1.0)[0] == 200
+            out[name] = {"pid": pid, "running": running, "healthy": healthy, "health_url": health[name]}
+        return out
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- helpers
+
+    def _get_json(self, url: str) -> Any:
+        status, body = _http_get(url, timeout=5.0)
+        if status != 200:
+            raise StackError(f"GET {url}: HTTP {status}: {body[:500]!r}")
+        return json.loads(body)
+
+    def jaeger_services(self) -> list[str]:
+        return list(self._get_json(f"{self.jaeger_url}/api/services").get("data") or [])
+
+    def jaeger_traces(
+        self, service: str, limit: int = 100, lookback: str = "1h", **params: str
+    ) -> list[dict[str, Any]]:
+        """Traces of ``service`` from Jaeger's HTTP query API (``/api/traces``), newest first."""
+        query = {"service": service, "limit": str(limit), "lookback": lookback, **params}
+        url = f"{self.jaeger_url}/api/traces?{urllib.parse.urlencode(query)}"
+        return list(self._get_json(url).get("data") or [])
+
+    def prom_query(self, expr: str, time_: float | None = None) -> list[dict[str, Any]]:
+        """Instant query against Prometheus (``/api/v1/query``); the ``result`` list."""
+        params = {"query": expr}
+        if time_ is not None:
+            params["time"] = str(time_)
+        data = self._get_json(f"{self.prometheus_url}/api/v1/query?{urllib.parse.urlencode(params)}")
+        if data.get("status") != "success":
+            raise StackError(f"query {expr!r} failed: {data}")
+        return list(data["data"]["result"])
+
+    def write_scrape_target(
+        self, job_name: str, addresses: Sequence[str], labels: Mapping[str, str] | None = None
+    ) -> Path:
+        """Register Prometheus endpoints (``host:port``) for the collector to scrape: a file_sd file
+        in the targets directory (what ``RLInsightLogger.register_metrics`` writes too), picked up
+        within the receiver's refresh interval.  ``job_name`` becomes the ``job`` label."""
+        from otel_tracking.targets import scrape_targets, write_targets_file
+
+        addresses = [addresses] if isinstance(addresses, str) else list(addresses)
+        groups = scrape_targets(addresses, job_name, [dict(labels or {})] * len(addresses))
+        return write_targets_file(self.targets_dir, job_name, groups)
+
+    def remove_scrape_target(self, job_name: str) -> None:
+        from otel_tracking.targets import remove_targets_files
+
+        remove_targets_files(self.targets_dir, job_name)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def default_state_dir() -> Path:
+    return cache_dir() / "stack"
+
+
+def _load_stack(state_dir: Path) -> Stack:
+    ports: Ports | None = None
+    with contextlib.suppress(OSError, ValueError):
+        ports = Ports.from_dict(json.loads((state_dir / "stack.json").read_text())["ports"])
+    return Stack(state_dir, ports)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``otel-tracking stack up|down|status``."""
+    parser = argparse.ArgumentParser(prog="otel-tracking stack", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--state-dir", type=Path, default=None, help="default: ~/.cache/otel-tracking/stack")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="build or reuse the binaries and start the stack detached")
+    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each program")
+    sub.add_parser("down", help="stop the stack started by `up`")
+    sub.add_parser("build", help="build or reuse otelcol and jaeger, find or install prometheus; print paths")
+    st = sub.add_parser("status", help="show what runs")
+    st.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    state_dir: Path = (args.state_dir or default_state_dir()).expanduser().resolve()
+
+    try:
+        if args.command == "build":
+            for name, path in ensure_binaries().items():
+                print(f"{name:11s} {path}")
+            return 0
+        if args.command == "up":
+            existing = _load_stack(state_dir)
+            if any(s["running"] for s in existing.status().values()):
+                print(f"stack already running (state: {state_dir}); `down` first", file=sys.stderr)
+                _print_status(existing)
+                return 1
+            stack = Stack(state_dir, Ports(), startup_timeout=args.timeout)
+            stack.start()
+            print("otel-tracking stack is up")
+            for key, value in stack.endpoints().items():
+                print(f"  {key:30s} {value}")
+            print(f"  {'logs':30s} {stack.log_dir}")
+            print("\nexport these to send telemetry to it:")
+            for key, value in stack.client_env().items():
+                print(f"export {key}={value}")
+            return 0
+        stack = _load_stack(state_dir)
+        if args.command == "down":
+            stack.stop()
+            print("otel-tracking stack stopped")
+            return 0
+        if args.command == "status":
+            if args.json:
+                print(json.dumps(stack.status(), indent=2))
+            else:
+                _print_status(stack)
+            return 0 if all(s["healthy"] for s in stack.status().values()) else 3
+    except StackError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 2
+
+
+def _print_status(stack: Stack) -> None:
+    for name, s in stack.status().items():
+        state = "healthy" if s["healthy"] else ("running" if s["running"] else "stopped")
+        pid = s["pid"] if s["pid"] is not None else "-"
+        print(f"  {name:11s} {state:8s} pid {pid!s:8s} {s['health_url']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,340 @@
+"""The local stack end to end: real otelcol, Jaeger v2 and Prometheus on 127.0.0.1.
+
+Telemetry is sent with the plain OpenTelemetry Python SDK over OTLP/HTTP and read back through
+Jaeger's and Prometheus' HTTP APIs. Binaries are built on first use (several minutes) and
+cached; a missing binary or toolchain fails these tests, it never skips them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from otel_tracking.stack import Ports, Stack, ensure_binaries
+
+pytestmark = pytest.mark.stack
+
+REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+SERVICE = f"otel-tracking-test-{uuid.uuid4().hex[:8]}"
+RUN_ID = uuid.uuid4().hex[:12]
+RESOURCE_ATTRS = {
+    "service.name": SERVICE,
+    "ml.project": "stack-test-project",
+    "ml.experiment": "stack-test-experiment",
+    "ml.run.id": RUN_ID,
+}
+LOSS = 0.8125  # exact in binary, so the text value in Prometheus is exact too
+ENTROPY = 1.5
+STEP = 7
+LANES = [("rollout", 0), ("rollout", 1), ("reward", 0), ("reward", 1), ("update", 0)]
+
+
+def poll(fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.25, what: str = "") -> T:
+    """Call ``fn`` until it returns something truthy; fail with the last value after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = fn()
+        except OSError as err:  # connection refused / reset while a program settles
+            last = err
+        if last and not isinstance(last, Exception):
+            return last  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    binaries = ensure_binaries()  # builds or reuses; raises (fails) when it cannot
+    for path in binaries.values():
+        assert path.exists() and os.access(path, os.X_OK), path
+    st = Stack(
+        tmp_path_factory.mktemp("stack"),
+        Ports.free(),
+        binaries=binaries,
+        scrape_interval="1s",
+        spanmetrics_flush="1s",
+    )
+    st.start()
+    pids = {name: s["pid"] for name, s in st.status().items()}
+    try:
+        yield st
+    finally:
+        st.stop()
+        for name, pid in pids.items():
+            assert pid is not None
+            alive = True
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                alive = False
+            assert not alive, f"{name} (pid {pid}) still runs after stop()"
+
+
+def _client_env(stack: Stack, root: Path) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": stack.otlp_http_endpoint,
+        "OTEL_SERVICE_NAME": SERVICE,
+        "OTEL_TRACKING_RUN_ID": RUN_ID,
+        "OTEL_METRIC_EXPORT_INTERVAL": "500",
+        "VERL_FILE_LOGGER_ROOT": str(root),
+    }
+
+
+def _train_step(tracking: Any, step: int, loss: float) -> None:
+    """One 'training step' through the facade: phases on lanes as spans, then the step's gauges."""
+    from otel_tracking import trace_state
+
+    with trace_state("train_step", step=step):
+        for name, lane in LANES:
+            with trace_state(name, state_lane_id=lane):
+                time.sleep(0.005)
+    tracking.log({"train/loss": loss, "actor/entropy": ENTROPY}, step)
+
+
+@pytest.fixture(scope="module")
+def sent(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Stack:
+    """A run through the Tracking facade with OTEL_EXPORTER_OTLP_ENDPOINT at the collector: two
+    steps, far enough apart that rate()/increase() over span metrics see a rise."""
+    from otel_tracking import Tracking
+
+    root = tmp_path_factory.mktemp("facade-run")
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in _client_env(stack, root).items():
+            mp.setenv(key, value)
+        tracking = Tracking(RESOURCE_ATTRS["ml.project"], RESOURCE_ATTRS["ml.experiment"], default_backend="file")
+        _train_step(tracking, STEP - 1, 1.25)
+        assert tracking.flush(30)
+        poll(
+            lambda: stack.prom_query(f'traces_span_metrics_calls_total{{job="{SERVICE}"}}'),
+            what="span metrics of the first step in Prometheus",
+        )
+        time.sleep(2.5)  # > one spanmetrics flush + one Prometheus scrape
+        _train_step(tracking, STEP, LOSS)
+        stats = tracking.finish()
+    assert all(counts["dropped"] == 0 and counts["spooled"] == 0 for counts in stats.values()), stats
+    stack.file_sink = root / RESOURCE_ATTRS["ml.project"] / f"{RESOURCE_ATTRS['ml.experiment']}.jsonl"  # type: ignore[attr-defined]
+    return stack
+
+
+def test_status_reports_all_healthy(stack: Stack) -> None:
+    status = stack.status()
+    assert set(status) == {"jaeger", "collector", "prometheus"}
+    for name, s in status.items():
+        assert s["running"] and s["healthy"], (name, s)
+        assert (stack.pid_dir / f"{name}.pid").read_text().strip() == str(s["pid"])
+
+
+def test_trace_reaches_jaeger_with_links_and_attributes(sent: Stack) -> None:
+    def find() -> dict[str, Any] | None:
+        for trace in sent.jaeger_traces(SERVICE):
+            spans = trace["spans"]
+            root = [s for s in spans if s["operationName"] == "train_step"]
+            if (
+                root
+                and len(spans) == 1 + len(LANES)
+                and any(t["key"] == "ml.step" and t["value"] == STEP for t in root[0]["tags"])
+            ):
+                return trace
+        return None
+
+    trace = poll(find, what=f"trace of step {STEP} in Jaeger")
+    assert SERVICE in sent.jaeger_services()
+    spans = {s["spanID"]: s for s in trace["spans"]}
+    (root,) = [s for s in spans.values() if s["operationName"] == "train_step"]
+    assert not root.get("references")
+    children = [s for s in spans.values() if s is not root]
+    assert sorted((s["operationName"], _tag(s, "ml.lane")) for s in children) == sorted(LANES)
+    for child in children:
+        refs = child["references"]
+        assert refs == [{"refType": "CHILD_OF", "traceID": trace["traceID"], "spanID": root["spanID"]}]
+        assert child["startTime"] >= root["startTime"]
+        assert child["startTime"] + child["duration"] <= root["startTime"] + root["duration"]
+    process = trace["processes"][root["processID"]]
+    assert process["serviceName"] == SERVICE
+    proc_tags = {t["key"]: t["value"] for t in process["tags"]}
+    for key in ("ml.project", "ml.experiment", "ml.run.id"):
+        assert proc_tags[key] == RESOURCE_ATTRS[key]
+
+
+def _tag(span: dict[str, Any], key: str) -> Any:
+    return next(t["value"] for t in span["tags"] if t["key"] == key)
+
+
+def test_gauges_reach_prometheus_with_resource_labels(sent: Stack) -> None:
+    expr = f'train_loss{{ml_run_id="{RUN_ID}"}}'
+    result = poll(
+        lambda: [r for r in sent.prom_query(expr) if float(r["value"][1]) == LOSS],
+        what=f"{expr} == {LOSS}",
+    )
+    assert len(result) == 1
+    labels = result[0]["metric"]
+    assert labels["__name__"] == "train_loss"
+    assert labels["job"] == SERVICE  # service.name, kept by honor_labels
+    assert labels["ml_project"] == RESOURCE_ATTRS["ml.project"]
+    assert labels["ml_experiment"] == RESOURCE_ATTRS["ml.experiment"]
+    assert labels["ml_run_id"] == RUN_ID
+    assert result[0]["value"][1] == "0.8125"
+    step = poll(
+        lambda: [r for r in sent.prom_query(f'train_step{{ml_run_id="{RUN_ID}"}}') if r["value"][1] == str(STEP)],
+        what=f"train_step == {STEP}",
+    )
+    assert step[0]["metric"]["ml_experiment"] == RESOURCE_ATTRS["ml.experiment"]
+
+
+def test_span_metrics_carry_lane_and_phase(sent: Stack) -> None:
+    expr = f'traces_span_metrics_calls_total{{job="{SERVICE}", ml_lane!=""}}'
+
+    def both_rounds() -> list[dict[str, Any]] | None:
+        result = sent.prom_query(expr)
+        # one call per (phase, lane) and round: every series reaches 2
+        return result if result and all(float(r["value"][1]) >= 2 for r in result) else None
+
+    result = poll(both_rounds, what="span metrics of both rounds")
+    seen = {(r["metric"]["span_name"], r["metric"]["ml_lane"]) for r in result}
+    assert seen == {(name, str(lane)) for name, lane in LANES}
+    assert all(r["metric"]["ml_run_id"] == RUN_ID for r in result)
+
+
+def test_the_file_sink_still_has_every_step(sent: Stack) -> None:
+    import json
+
+    lines = [json.loads(line) for line in sent.file_sink.read_text().splitlines()]  # type: ignore[attr-defined]
+    assert lines == [
+        {"step": STEP - 1, "data": {"train/loss": 1.25, "actor/entropy": ENTROPY}},
+        {"step": STEP, "data": {"train/loss": LOSS, "actor/entropy": ENTROPY}},
+    ]
+
+
+def test_register_rollout_metrics_reaches_prometheus(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A /metrics endpoint (prometheus_client, standing in for a vLLM server) registered through
+    the reference API shows up in Prometheus with its labels."""
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    from otel_tracking import RLInsightLogger
+
+    registry = CollectorRegistry()
+    gauge = Gauge("vllm_num_requests_waiting", "stand-in for a vLLM metric", ["model_name"], registry=registry)
+    gauge.labels(model_name="tiny-rollout-model").set(5)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    monkeypatch.setenv("VERL_RL_INSIGHT_ENABLE", "1")
+    monkeypatch.setenv("OTEL_TRACKING_SCRAPE_TARGETS_DIR", str(stack.targets_dir))
+    try:
+        port = server.server_address[1]
+        RLInsightLogger.register_rollout_metrics(
+            [f"http://127.0.0.1:{port}/"], "vllm-rollout", [{"ml_run_id": RUN_ID, "replica": "0"}]
+        )
+        expr = f'vllm_num_requests_waiting{{model_name="tiny-rollout-model", ml_run_id="{RUN_ID}"}}'
+        result = poll(lambda: stack.prom_query(expr), what=expr)
+        labels = result[0]["metric"]
+        assert result[0]["value"][1] == "5"
+        assert labels["job"] == "vllm-rollout" and labels["replica"] == "0"
+        assert labels["instance"] == f"127.0.0.1:{port}"
+    finally:
+        RLInsightLogger.finish()
+        stack.remove_scrape_target("vllm-rollout")
+        server.shutdown()
+        thread.join(5)
+
+
+def test_file_sd_scrape_target_reaches_prometheus(stack: Stack) -> None:
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    registry = CollectorRegistry()
+    gauge = Gauge("vllm_num_requests_running", "stand-in for a vLLM server metric", ["model_name"], registry=registry)
+    gauge.labels(model_name="tiny-test-model").set(3)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        port = server.server_address[1]
+        path = stack.write_scrape_target("vllm-rollout", [f"127.0.0.1:{port}"], {"ml_run_id": RUN_ID, "engine": "vllm"})
+        assert path.parent == stack.targets_dir and path.suffix == ".json"
+        expr = f'vllm_num_requests_running{{model_name="tiny-test-model", ml_run_id="{RUN_ID}"}}'
+        result = poll(lambda: stack.prom_query(expr), what=expr)
+        labels = result[0]["metric"]
+        assert result[0]["value"][1] == "3"
+        assert labels["job"] == "vllm-rollout"
+        assert labels["engine"] == "vllm"
+        assert labels["instance"] == f"127.0.0.1:{port}"
+    finally:
+        stack.remove_scrape_target("vllm-rollout")
+        server.shutdown()
+        thread.join(5)
+
+
+def _panel_queries_module() -> Any:
+    path = REPO / "deploy" / "grafana" / "panel_queries.py"
+    spec = importlib.util.spec_from_file_location("otel_tracking_panel_queries", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_grafana_panel_query_returns_data(sent: Stack) -> None:
+    pq = _panel_queries_module()
+    variables = {
+        "service": SERVICE,
+        "ml_project": RESOURCE_ATTRS["ml.project"],
+        "ml_experiment": RESOURCE_ATTRS["ml.experiment"],
+        "ml_run_id": RUN_ID,
+    }
+    queries = pq.all_queries(variables=variables)
+    assert len(queries) >= 10
+    kinds = {q.panel_type for q in queries}
+    assert {"timeseries", "state-timeline", "xychart", "bargauge"} <= kinds
+
+    def finite(result: list[dict[str, Any]]) -> bool:
+        return any(math.isfinite(float(r["value"][1])) for r in result)
+
+    pending = list(queries)
+
+    def all_answered() -> bool:
+        pending[:] = [q for q in pending if not finite(sent.prom_query(q.query))]
+        return not pending
+
+    deadline = time.monotonic() + 60
+    while not all_answered():
+        if time.monotonic() > deadline:
+            pytest.fail("panels without data: " + "; ".join(f"{q.panel_title}: {q.query}" for q in pending))
+        time.sleep(0.5)
+
+    # the lane timeline maps phases to values 1..3: each lane shows a known phase
+    (lane_q,) = [q for q in queries if q.panel_type == "state-timeline"]
+    lanes = {r["metric"]["ml_lane"]: float(r["value"][1]) for r in sent.prom_query(lane_q.query)}
+    assert set(lanes) == {"0", "1"}
+    assert all(v in (1.0, 2.0, 3.0) for v in lanes.values()), lanes
+    # the template variables' label_values(selector, label) find this run
+    dashboard = REPO / "deploy" / "grafana" / "dashboards" / "otel-tracking-training.json"
+    expected = {"job": SERVICE, **{k: variables[k] for k in ("ml_project", "ml_experiment", "ml_run_id")}}
+    var_queries = pq.variable_queries(dashboard)
+    assert len(var_queries) == 4
+    for var_query in var_queries:
+        m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", var_query)
+        assert m, var_query
+        selector, label = pq.render(m.group(1), variables), m.group(2)
+        values = {r["metric"].get(label) for r in sent.prom_query(f"count by ({label}) ({selector})")}
+        assert expected[label] in values, (var_query, values)
+
+
+def test_cli_status_of_a_stopped_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from otel_tracking.stack import main
+
+    assert main(["--state-dir", str(tmp_path), "status"]) == 3
+    out = capsys.readouterr().out
+    assert out.count("stopped") == 3
+    assert main(["--state-dir", str(tmp_path), "down"]) == 0
