@@ -64,6 +64,20 @@ def seed() -> ModuleType:
     return importlib.import_module("seed_tracking")
 
 
+@pytest.fixture(scope="session")
+def trackio_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Trackio reads TRACKIO_DIR once, at its first import: every test of the session shares one."""
+    return tmp_path_factory.mktemp("trackio")
+
+
+@pytest.fixture(scope="session")
+def clearml_config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # ClearML may read its configuration once per process: keep the file for the whole session.
+    path = tmp_path_factory.mktemp("clearml") / "clearml.conf"
+    path.write_text("sdk {\n  development {\n    report_use_subprocess: false\n  }\n}\n")
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
