@@ -167,6 +167,7 @@ class Event:
     key: str | None
     body: Mapping[str, Any]
     attributes: Mapping[str, Any]
+    time_unix_nano: int = 0
 
     @classmethod
     def from_log(cls, item: Any) -> Event:
@@ -176,7 +177,8 @@ class Event:
         step = int(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
         key = attributes.get("ml.key")
         body = record.body if isinstance(record.body, Mapping) else {}
-        return cls(record.event_name or "", step, str(key) if key is not None else None, body, attributes)
+        time_ns = record.timestamp or record.observed_timestamp or 0
+        return cls(record.event_name or "", step, str(key) if key is not None else None, body, attributes, time_ns)
 
 
 class BridgeSession(ABC):
@@ -222,21 +224,22 @@ class _SharedSessions:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: dict[type[BridgeSession], tuple[BridgeSession, int]] = {}
+        self._open: dict[type[BridgeSession], tuple[BridgeSession, int, int]] = {}  # session, users, pid
 
     def acquire(self, kind: type[BridgeSession]) -> BridgeSession:
         with self._lock:
-            session, users = self._open.get(kind, (None, 0))
-            if session is None:
-                session = kind.open(BridgeContext.from_env())
-            self._open[kind] = (session, users + 1)
+            session, users, pid = self._open.get(kind, (None, 0, 0))
+            # A forked child, or exporters built after the shared session was finished, open anew.
+            if session is None or pid != os.getpid() or getattr(session, "finished", False):
+                session, users, pid = kind.open(BridgeContext.from_env()), 0, os.getpid()
+            self._open[kind] = (session, users + 1, pid)
             return session
 
     def release(self, kind: type[BridgeSession]) -> None:
         with self._lock:
-            session, users = self._open[kind]
+            session, users, pid = self._open[kind]
             if users > 1:
-                self._open[kind] = (session, users - 1)
+                self._open[kind] = (session, users - 1, pid)
                 return
             del self._open[kind]
         session.finish(0)

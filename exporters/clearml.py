@@ -37,17 +37,21 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
-from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-from otel_tracking.exporters._base import BridgeContext, BridgeParts, StepMetricExporter, StepRecord, span_timing
+from otel_tracking.exporters._base import (
+    BridgeContext,
+    BridgeLogExporter,
+    BridgeMetricExporter,
+    BridgeParts,
+    BridgeSession,
+    BridgeSpanExporter,
+    Event,
+    StepRecord,
+    bridge_parts,
+)
+from otel_tracking.generations import GENERATIONS_EVENT
 
 logger = logging.getLogger("otel_tracking.clearml")
 
-GENERATIONS_EVENT = "ml.validation.generations"
 TABLE_TITLE = "Validation"
 TABLE_SERIES = "Validation generations"
 CONFIGURATION_NAME = "Hyperparameters"
@@ -75,7 +79,7 @@ def _json_safe(config: dict[str, Any]) -> dict[str, Any]:
     return result if isinstance(result, dict) else {"config": result}
 
 
-class ClearMLSession:
+class ClearMLSession(BridgeSession):
     """One ClearML task shared by the metric, span and log exporters of one process."""
 
     def __init__(self, context: BridgeContext) -> None:
@@ -83,7 +87,7 @@ class ClearMLSession:
 
         if str(context.env.get("CLEARML_OFFLINE_MODE", "")).strip().lower() in _TRUE:
             Task.set_offline(True)
-        self.task = Task.init(
+        self.task: Any = Task.init(
             task_name=context.experiment,
             project_name=context.project,
             continue_last_task=True,
@@ -96,13 +100,16 @@ class ClearMLSession:
             except Exception:  # a value ClearML cannot write: connect its JSON form instead
                 logger.debug("clearml connect_configuration failed; connecting a JSON copy", exc_info=True)
                 self.task.connect_configuration(_json_safe(configuration), name=CONFIGURATION_NAME)
-        self.logger = self.task.get_logger()
-        self.last_step = 0
+        self.logger: Any = self.task.get_logger()
+        self._high_step = 0
         self.finished = False
         self.skipped_non_finite = 0
         self._lock = threading.Lock()
-        self._users = 0
         self.where = self._describe(context)
+
+    @classmethod
+    def open(cls, context: BridgeContext) -> ClearMLSession:
+        return cls(context)
 
     def _describe(self, context: BridgeContext) -> str:
         try:
@@ -112,14 +119,36 @@ class ClearMLSession:
         except Exception:
             return f"ClearML task {context.project}/{context.experiment}"
 
+    @property
+    def last_step(self) -> int:
+        """The highest step written so far: spans and generations without a step land there."""
+        return self._high_step
+
+    @last_step.setter
+    def last_step(self, step: int) -> None:
+        self._high_step = max(self._high_step, step)
+
     # --- writing -------------------------------------------------------------------------------
+
+    def write_step(self, record: StepRecord) -> bool:
+        # Non-number values (record.others) are skipped: report_scalar takes numbers only.
+        return self.report_scalars(record.scalars, record.step)
+
+    def write_timing(self, step: int, key: str, seconds: float) -> bool:
+        return self.report_scalars({key: seconds}, step)
+
+    def write_event(self, event: Event) -> bool:
+        if event.name != GENERATIONS_EVENT:
+            return True  # the filtered-reward table is wandb-only in the reference
+        step = self.last_step if event.step is None else event.step
+        return self.report_generations(list(event.body.get("samples") or []), step)
 
     def report_scalars(self, scalars: Mapping[str, Any], step: int) -> bool:
         ok = True
         with self._lock:
             if self.finished:
                 return False
-            self.last_step = max(self.last_step, step)
+            self.last_step = step
             for key, value in scalars.items():
                 if isinstance(value, float) and not math.isfinite(value):
                     self.skipped_non_finite += 1
@@ -161,129 +190,18 @@ class ClearMLSession:
             )
         self.task.close()
 
-    def attach(self) -> None:
-        with self._lock:
-            self._users += 1
 
-    def detach(self) -> bool:
-        with self._lock:
-            self._users -= 1
-            return self._users <= 0
+class ClearMLMetricExporter(BridgeMetricExporter):
+    session_class = ClearMLSession
 
 
-# --- the process-wide session, for exporters built with no arguments ------------------------------
-
-_shared_lock = threading.Lock()
-_shared: ClearMLSession | None = None
+class ClearMLSpanExporter(BridgeSpanExporter):
+    session_class = ClearMLSession
 
 
-def _shared_session() -> ClearMLSession:
-    global _shared
-    with _shared_lock:
-        if _shared is None or _shared.finished:
-            _shared = ClearMLSession(BridgeContext.from_env())
-        _shared.attach()
-        return _shared
-
-
-class _UsesSession:
-    def _init_session(self, session: ClearMLSession | None) -> None:
-        self._owns_share = session is None
-        self.session = _shared_session() if session is None else session
-        self._shut = False
-
-    def _release(self) -> None:
-        # A process-wide session ends when the last exporter built on it shuts down; a session handed
-        # in by open_bridge is ended by the bridge's finish().
-        if self._shut:
-            return
-        self._shut = True
-        if self._owns_share and self.session.detach():
-            self.session.finish(0)
-
-
-class ClearMLMetricExporter(_UsesSession, StepMetricExporter):
-    def __init__(self, session: ClearMLSession | None = None) -> None:
-        StepMetricExporter.__init__(self)
-        self._init_session(session)
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        ok = True
-        try:
-            for record in self.records(metrics_data):
-                ok = self._write(record) and ok
-        except Exception:
-            logger.debug("clearml metric export failed", exc_info=True)
-            return MetricExportResult.FAILURE
-        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
-
-    def write(self, record: StepRecord) -> None:
-        if not self._write(record):
-            raise RuntimeError(f"clearml rejected values at step {record.step}")
-
-    def _write(self, record: StepRecord) -> bool:
-        # Non-number values (record.others) are skipped: report_scalar takes numbers only.
-        return self.session.report_scalars(record.scalars, record.step)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._release()
-
-
-class ClearMLSpanExporter(_UsesSession, SpanExporter):
-    def __init__(self, session: ClearMLSession | None = None) -> None:
-        self._init_session(session)
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        ok = True
-        for span in spans:
-            try:
-                step, key, seconds = span_timing(span, self.session.last_step)
-                ok = self.session.report_scalars({key: seconds}, step) and ok
-            except Exception:
-                logger.debug("clearml span export failed", exc_info=True)
-                ok = False
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
-
-    def shutdown(self) -> None:
-        self._release()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-
-class ClearMLLogExporter(_UsesSession, LogRecordExporter):
-    def __init__(self, session: ClearMLSession | None = None) -> None:
-        self._init_session(session)
-
-    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        ok = True
-        for item in batch:
-            record = item.log_record
-            if record.event_name != GENERATIONS_EVENT:
-                continue  # the filtered-reward table is wandb-only in the reference
-            try:
-                attributes = record.attributes or {}
-                step = int(attributes.get("ml.step", self.session.last_step))
-                body = record.body if isinstance(record.body, Mapping) else {}
-                ok = self.session.report_generations(list(body.get("samples") or []), step) and ok
-            except Exception:
-                logger.debug("clearml generations export failed", exc_info=True)
-                ok = False
-        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self._release()
+class ClearMLLogExporter(BridgeLogExporter):
+    session_class = ClearMLSession
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
-    session = ClearMLSession(context)
-    return BridgeParts(
-        metrics=ClearMLMetricExporter(session),
-        spans=ClearMLSpanExporter(session),
-        logs=ClearMLLogExporter(session),
-        finish=session.finish,
-        where=session.where,
-    )
+    return bridge_parts(ClearMLSession.open(context), ClearMLMetricExporter, ClearMLSpanExporter, ClearMLLogExporter)

@@ -51,19 +51,27 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking.exporters._base import BridgeContext, BridgeParts, StepMetricExporter, StepRecord, span_timing
+from otel_tracking.exporters._base import (
+    BridgeContext,
+    BridgeLogExporter,
+    BridgeMetricExporter,
+    BridgeParts,
+    BridgeSession,
+    BridgeSpanExporter,
+    Event,
+    StepRecord,
+    bridge_parts,
+    span_timing,
+)
+from otel_tracking.generations import GENERATIONS_EVENT
 
 logger = logging.getLogger("otel_tracking.mlflow")
 
 DEFAULT_TRACKING_URI = "sqlite:////tmp/mlruns.db"
 INIT_ATTEMPTS = 3
 INIT_RETRY_SLEEP_S = 5.0  # as the reference; tests set it small
-GENERATIONS_EVENT = "ml.validation.generations"
 _INVALID = "INVALID_PARAMETER_VALUE"
 _LINK_BATCH = 100  # MlflowClient.link_traces_to_run takes at most 100 trace ids per call
 
@@ -145,7 +153,7 @@ def _error_code(error: BaseException) -> str | None:
 # --- the session ---------------------------------------------------------------------------------
 
 
-class MlflowSession:
+class MlflowSession(BridgeSession):
     """One MLflow run shared by the metric, span and log exporters of a process or a ``Tracking``."""
 
     def __init__(self, client: Any, run_id: str, experiment_id: str, tracking_uri: str, project: str) -> None:
@@ -154,6 +162,8 @@ class MlflowSession:
         self.experiment_id = experiment_id
         self.tracking_uri = tracking_uri
         self.project = project
+        self.where = f"MLflow run {run_id} (experiment {project!r}) at {_safe_uri(tracking_uri)}"
+        self._span_step = 0  # spans without ml.step land at the step of the span before them
         self._tracing: Any = None
         self._keys: dict[str, str] = {}
         self._rejected: set[str] = set()
@@ -164,7 +174,7 @@ class MlflowSession:
     # opening ------------------------------------------------------------------------------------
 
     @classmethod
-    def open(
+    def open(  # type: ignore[override]  # None: MLflow unreachable, the run goes on without it
         cls, context: BridgeContext, *, attempts: int | None = None, retry_sleep_s: float | None = None
     ) -> MlflowSession | None:
         """Open (or attach to) the run, log the params; None when every attempt failed."""
@@ -222,9 +232,49 @@ class MlflowSession:
         run = client.create_run(experiment_id, tags=tags, run_name=context.experiment)
         return cls(client, run.info.run_id, experiment_id, uri, context.project)
 
-    @property
-    def where(self) -> str:
-        return f"MLflow run {self.run_id} (experiment {self.project!r}) at {_safe_uri(self.tracking_uri)}"
+    # the bridge's writes ---------------------------------------------------------------------------
+
+    def write_step(self, record: StepRecord) -> bool:
+        # Numbers only: MLflow metrics have no place for the non-number values (record.others).
+        timestamp_ms = record.time_unix_nano // 1_000_000 if record.time_unix_nano else int(time.time() * 1000)
+        return self.log_metrics(list(record.scalars.items()), record.step, timestamp_ms)
+
+    def write_timing(self, step: int, key: str, seconds: float) -> bool:
+        return self.log_metrics([(key, seconds)], step, int(time.time() * 1000))
+
+    def write_spans(self, spans: Sequence[ReadableSpan]) -> bool:
+        """Each span: the ``timing_s/state/<name>`` metric at its step (timestamped at its end), and
+        an MLflow trace span.  One failing does not keep the other from being tried."""
+        ok = True
+        by_step: dict[tuple[int, int], list[tuple[str, float]]] = {}
+        for span in spans:
+            step, key, seconds = span_timing(span, self._span_step)
+            self._span_step = step
+            end_ms = (span.end_time or time.time_ns()) // 1_000_000
+            by_step.setdefault((step, end_ms), []).append((key, seconds))
+        for (step, end_ms), values in by_step.items():
+            try:
+                ok = self.log_metrics(values, step, end_ms) and ok
+            except Exception as error:
+                logger.debug("MLflow timing export failed: %s", error)
+                ok = False
+        try:
+            self.log_spans(spans)
+        except Exception as error:
+            logger.debug("MLflow trace export failed: %s", error)
+            ok = False
+        return ok
+
+    def write_event(self, event: Event) -> bool:
+        """Validation generations as ``val_step{N}.json`` artifacts; other events are not MLflow's."""
+        if event.name != GENERATIONS_EVENT:
+            return True
+        try:
+            self.log_generations(list(event.body.get("samples") or []), 0 if event.step is None else event.step)
+        except Exception as error:
+            logger.warning("WARNING: save validation generation file to mlflow failed with error %s", error)
+            return False
+        return True
 
     # params and metrics ---------------------------------------------------------------------------
 
@@ -338,7 +388,7 @@ class MlflowSession:
 
     # the end --------------------------------------------------------------------------------------
 
-    def end(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int = 0) -> None:
         """FINISHED for exit code 0, FAILED otherwise; once."""
         with self._lock:
             if self.ended:
@@ -347,162 +397,43 @@ class MlflowSession:
         self.client.set_terminated(self.run_id, "FINISHED" if exit_code == 0 else "FAILED")
 
 
-# --- the process-wide session of exporters built with no arguments -------------------------------
+class SharedMlflowSession(BridgeSession):
+    """What exporters built with no arguments share: the run :meth:`MlflowSession.open` opens from
+    the environment or, when every attempt failed, this stand-in, which sends nothing and fails
+    every export (``open_bridge`` instead hands the ``Tracking`` no MLflow exporters at all)."""
 
-_shared_lock = threading.Lock()
-_shared: dict[str, Any] = {"session": None, "opened": False, "users": 0}
+    where = "MLflow not reachable: nothing sent (see warnings)"
 
+    @classmethod
+    def open(cls, context: BridgeContext) -> BridgeSession:
+        return MlflowSession.open(context) or cls()
 
-def _acquire_shared() -> MlflowSession | None:
-    with _shared_lock:
-        if not _shared["opened"]:
-            _shared["session"] = MlflowSession.open(BridgeContext.from_env())
-            _shared["opened"] = True
-        _shared["users"] += 1
-        return _shared["session"]
+    def write_step(self, record: StepRecord) -> bool:
+        return False
 
+    def write_timing(self, step: int, key: str, seconds: float) -> bool:
+        return False
 
-def _release_shared() -> None:
-    with _shared_lock:
-        _shared["users"] -= 1
-        if _shared["users"] > 0:
-            return
-        session = _shared["session"]
-        _shared.update(session=None, opened=False, users=0)
-    if session is not None:
-        session.end(0)
+    def write_spans(self, spans: Sequence[Any]) -> bool:
+        return False
 
+    def write_event(self, event: Event) -> bool:
+        return False
 
-class _SessionUser:
-    """An exporter's hold on its session: its own (given) or the process-wide one (built with no arguments)."""
-
-    def __init__(self, session: MlflowSession | None) -> None:
-        self._owns_shared = session is None
-        self.session = _acquire_shared() if session is None else session
-        self._released = False
-
-    def release(self) -> None:
-        if self._owns_shared and not self._released:
-            self._released = True
-            _release_shared()
+    def finish(self, exit_code: int = 0) -> None:
+        return None
 
 
-# --- the exporters -------------------------------------------------------------------------------
+class MlflowMetricExporter(BridgeMetricExporter):
+    session_class = SharedMlflowSession
 
 
-class MlflowMetricExporter(StepMetricExporter):
-    """Each log() call's numbers at its step; non-numbers are skipped (MLflow metrics are numbers only)."""
-
-    def __init__(self, session: MlflowSession | None = None) -> None:
-        super().__init__()
-        self._user = _SessionUser(session)
-
-    @property
-    def session(self) -> MlflowSession | None:
-        return self._user.session
-
-    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
-        from opentelemetry.sdk.metrics.export import MetricExportResult
-
-        if self.session is None:
-            return MetricExportResult.FAILURE
-        ok = True
-        for record in self.records(metrics_data):
-            try:
-                ok = self._write(record) and ok
-            except Exception as error:
-                logger.debug("MLflow metric export failed: %s", error)
-                ok = False
-        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
-
-    def write(self, record: StepRecord) -> None:
-        self._write(record)
-
-    def _write(self, record: StepRecord) -> bool:
-        assert self.session is not None
-        timestamp_ms = record.time_unix_nano // 1_000_000 if record.time_unix_nano else int(time.time() * 1000)
-        return self.session.log_metrics(list(record.scalars.items()), record.step, timestamp_ms)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._user.release()
+class MlflowSpanExporter(BridgeSpanExporter):
+    session_class = SharedMlflowSession
 
 
-class MlflowSpanExporter(SpanExporter):
-    """Each span: the ``timing_s/state/<name>`` metric at its step, and an MLflow trace span."""
-
-    def __init__(self, session: MlflowSession | None = None) -> None:
-        self._user = _SessionUser(session)
-        self._last_step = 0
-
-    @property
-    def session(self) -> MlflowSession | None:
-        return self._user.session
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        session = self.session
-        if session is None:
-            return SpanExportResult.FAILURE
-        ok = True
-        by_step: dict[tuple[int, int], list[tuple[str, float]]] = {}
-        for span in spans:
-            step, key, seconds = span_timing(span, self._last_step)
-            self._last_step = step
-            end_ms = (span.end_time or time.time_ns()) // 1_000_000
-            by_step.setdefault((step, end_ms), []).append((key, seconds))
-        for (step, end_ms), values in by_step.items():
-            try:
-                ok = session.log_metrics(values, step, end_ms) and ok
-            except Exception as error:
-                logger.debug("MLflow timing export failed: %s", error)
-                ok = False
-        try:
-            session.log_spans(spans)
-        except Exception as error:
-            logger.debug("MLflow trace export failed: %s", error)
-            ok = False
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
-
-    def shutdown(self) -> None:
-        self._user.release()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-
-class MlflowLogExporter(LogRecordExporter):
-    """Validation generations as ``val_step{N}.json`` artifacts; other events are not MLflow's."""
-
-    def __init__(self, session: MlflowSession | None = None) -> None:
-        self._user = _SessionUser(session)
-
-    @property
-    def session(self) -> MlflowSession | None:
-        return self._user.session
-
-    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        session = self.session
-        if session is None:
-            return LogRecordExportResult.FAILURE
-        ok = True
-        for item in batch:
-            record = item.log_record
-            if record.event_name != GENERATIONS_EVENT:
-                continue
-            body = record.body if isinstance(record.body, Mapping) else {}
-            attributes = record.attributes or {}
-            step = attributes.get("ml.step", 0)
-            try:
-                session.log_generations(list(body.get("samples") or []), int(step))
-            except Exception as error:
-                logger.warning("WARNING: save validation generation file to mlflow failed with error %s", error)
-                ok = False
-        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self._user.release()
+class MlflowLogExporter(BridgeLogExporter):
+    session_class = SharedMlflowSession
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
@@ -510,13 +441,7 @@ def open_bridge(context: BridgeContext) -> BridgeParts:
     if session is None:
         uri = context.env.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
         return BridgeParts(where=f"MLflow not reachable at {_safe_uri(uri)}: nothing sent (see warnings)")
-    return BridgeParts(
-        metrics=MlflowMetricExporter(session),
-        spans=MlflowSpanExporter(session),
-        logs=MlflowLogExporter(session),
-        finish=session.end,
-        where=session.where,
-    )
+    return bridge_parts(session, MlflowMetricExporter, MlflowSpanExporter, MlflowLogExporter)
 
 
 __all__ = [

@@ -32,17 +32,21 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
-from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-from otel_tracking.exporters._base import BridgeContext, BridgeParts, StepMetricExporter, StepRecord, span_timing
+from otel_tracking.exporters._base import (
+    BridgeContext,
+    BridgeLogExporter,
+    BridgeMetricExporter,
+    BridgeParts,
+    BridgeSession,
+    BridgeSpanExporter,
+    Event,
+    StepRecord,
+    bridge_parts,
+)
+from otel_tracking.generations import GENERATIONS_EVENT
 
 logger = logging.getLogger("otel_tracking.swanlab")
 
-GENERATIONS_EVENT = "ml.validation.generations"
 GENERATIONS_KEY = "val/generations"
 GENERATIONS_HEADERS = ["step", "input", "output", "score"]
 _OFFLINE_MODES = {"offline", "local", "disabled"}
@@ -69,7 +73,7 @@ def swanlab_init_arguments(context: BridgeContext) -> tuple[str | None, dict[str
     return api_key, kwargs
 
 
-class SwanLabSession:
+class SwanLabSession(BridgeSession):
     """One SwanLab run shared by the metric, span and log exporters of one process."""
 
     def __init__(self, context: BridgeContext) -> None:
@@ -80,14 +84,26 @@ class SwanLabSession:
         if api_key and str(kwargs["mode"]).lower() not in _OFFLINE_MODES:
             swanlab.login(api_key)  # NOTE: overwrites any previous login, as in the reference
         self.run = swanlab.init(**kwargs)
-        self.last_step = 0
+        self._high_step = 0
         self.finished = False
         self._lock = threading.Lock()
-        self._users = 0
         run_dir = getattr(self.run, "dir", None)
         self.where = f"SwanLab {kwargs['mode']} run {context.project}/{context.experiment}" + (
             f" at {run_dir}" if run_dir else ""
         )
+
+    @classmethod
+    def open(cls, context: BridgeContext) -> SwanLabSession:
+        return cls(context)
+
+    @property
+    def last_step(self) -> int:
+        """The highest step written so far: spans and generations without a step land there."""
+        return self._high_step
+
+    @last_step.setter
+    def last_step(self, step: int) -> None:
+        self._high_step = max(self._high_step, step)
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -98,7 +114,7 @@ class SwanLabSession:
         with self._lock:
             if self.finished:
                 return False
-            self.last_step = max(self.last_step, step)
+            self.last_step = step
             try:
                 self.run.log(data, step=step)
                 return True
@@ -114,6 +130,19 @@ class SwanLabSession:
                     logger.debug("swanlab rejected %r at step %s", key, step, exc_info=True)
                     ok = False
             return ok
+
+    def write_step(self, record: StepRecord) -> bool:
+        # Non-number values (record.others) are skipped: SwanLab rejects plain strings, lists, dicts.
+        return self.log(dict(record.scalars), record.step)
+
+    def write_timing(self, step: int, key: str, seconds: float) -> bool:
+        return self.log({key: seconds}, step)
+
+    def write_event(self, event: Event) -> bool:
+        if event.name != GENERATIONS_EVENT:
+            return True  # the filtered-reward table is wandb-only in the reference
+        step = self.last_step if event.step is None else event.step
+        return self.log_generations(list(event.body.get("samples") or []), step)
 
     def log_generations(self, samples: Sequence[Any], step: int) -> bool:
         table = self._swanlab.echarts.Table()
@@ -131,16 +160,6 @@ class SwanLabSession:
         state = "success" if exit_code == 0 else "crashed"
         self.run.finish(state=state, error=None if exit_code == 0 else f"exit code {exit_code}")
 
-    def attach(self) -> None:
-        with self._lock:
-            self._users += 1
-
-    def detach(self) -> bool:
-        """True when the last exporter that attached has let go."""
-        with self._lock:
-            self._users -= 1
-            return self._users <= 0
-
 
 def _three(sample: Any) -> list[Any]:
     """input, output, score of one sample (missing parts are None, extra parts dropped)."""
@@ -148,119 +167,17 @@ def _three(sample: Any) -> list[Any]:
     return [*parts, None, None, None][:3]
 
 
-# --- the process-wide session, for exporters built with no arguments ------------------------------
-
-_shared_lock = threading.Lock()
-_shared: SwanLabSession | None = None
+class SwanLabMetricExporter(BridgeMetricExporter):
+    session_class = SwanLabSession
 
 
-def _shared_session() -> SwanLabSession:
-    global _shared
-    with _shared_lock:
-        if _shared is None or _shared.finished:
-            _shared = SwanLabSession(BridgeContext.from_env())
-        _shared.attach()
-        return _shared
+class SwanLabSpanExporter(BridgeSpanExporter):
+    session_class = SwanLabSession
 
 
-class _UsesSession:
-    def _init_session(self, session: SwanLabSession | None) -> None:
-        self._owns_share = session is None
-        self.session = _shared_session() if session is None else session
-        self._shut = False
-
-    def _release(self) -> None:
-        # A process-wide session ends when the last exporter built on it shuts down; a session handed
-        # in by open_bridge is ended by the bridge's finish().
-        if self._shut:
-            return
-        self._shut = True
-        if self._owns_share and self.session.detach():
-            self.session.finish(0)
-
-
-class SwanLabMetricExporter(_UsesSession, StepMetricExporter):
-    def __init__(self, session: SwanLabSession | None = None) -> None:
-        StepMetricExporter.__init__(self)
-        self._init_session(session)
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        ok = True
-        try:
-            for record in self.records(metrics_data):
-                ok = self._write(record) and ok
-        except Exception:
-            logger.debug("swanlab metric export failed", exc_info=True)
-            return MetricExportResult.FAILURE
-        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
-
-    def write(self, record: StepRecord) -> None:
-        if not self._write(record):
-            raise RuntimeError(f"swanlab rejected values at step {record.step}")
-
-    def _write(self, record: StepRecord) -> bool:
-        # Non-number values (record.others) are skipped: SwanLab rejects plain strings, lists, dicts.
-        return self.session.log(dict(record.scalars), record.step)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._release()
-
-
-class SwanLabSpanExporter(_UsesSession, SpanExporter):
-    def __init__(self, session: SwanLabSession | None = None) -> None:
-        self._init_session(session)
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        ok = True
-        for span in spans:
-            try:
-                step, key, seconds = span_timing(span, self.session.last_step)
-                ok = self.session.log({key: seconds}, step) and ok
-            except Exception:
-                logger.debug("swanlab span export failed", exc_info=True)
-                ok = False
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
-
-    def shutdown(self) -> None:
-        self._release()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-
-class SwanLabLogExporter(_UsesSession, LogRecordExporter):
-    def __init__(self, session: SwanLabSession | None = None) -> None:
-        self._init_session(session)
-
-    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        ok = True
-        for item in batch:
-            record = item.log_record
-            if record.event_name != GENERATIONS_EVENT:
-                continue  # the filtered-reward table is wandb-only in the reference
-            try:
-                attributes = record.attributes or {}
-                step = int(attributes.get("ml.step", self.session.last_step))
-                body = record.body if isinstance(record.body, Mapping) else {}
-                ok = self.session.log_generations(list(body.get("samples") or []), step) and ok
-            except Exception:
-                logger.debug("swanlab generations export failed", exc_info=True)
-                ok = False
-        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self._release()
+class SwanLabLogExporter(BridgeLogExporter):
+    session_class = SwanLabSession
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
-    session = SwanLabSession(context)
-    return BridgeParts(
-        metrics=SwanLabMetricExporter(session),
-        spans=SwanLabSpanExporter(session),
-        logs=SwanLabLogExporter(session),
-        finish=session.finish,
-        where=session.where,
-    )
+    return bridge_parts(SwanLabSession.open(context), SwanLabMetricExporter, SwanLabSpanExporter, SwanLabLogExporter)

@@ -28,24 +28,26 @@ TensorFlow happens to be installed and its own stub otherwise.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
-from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
 from otel_tracking import settings
-from otel_tracking.exporters._base import BridgeContext, BridgeParts, StepMetricExporter, StepRecord, span_timing
-from otel_tracking.generations import GENERATIONS_EVENT, KEY_ATTRIBUTE, STEP_ATTRIBUTE
-
-logger = logging.getLogger("otel_tracking.exporters.tensorboard")
+from otel_tracking.exporters._base import (
+    BridgeContext,
+    BridgeLogExporter,
+    BridgeMetricExporter,
+    BridgeParts,
+    BridgeSession,
+    BridgeSpanExporter,
+    Event,
+    StepRecord,
+    bridge_parts,
+    span_timing,
+)
+from otel_tracking.generations import GENERATIONS_EVENT
 
 GENERATIONS_KEY = "val/generations"
 # SummaryWriter.add_text(tag, ...) stores the text under "<tag>/text_summary".
@@ -67,18 +69,22 @@ def generations_text(samples: Sequence[Any], step: int) -> str:
     return "".join(parts)
 
 
-class TensorboardSession:
+class TensorboardSession(BridgeSession):
     """One event file in one directory, shared by a run's metric, span and log exporters."""
 
     def __init__(self, directory: Path | str) -> None:
         self.directory = Path(directory)
-        self.last_step = 0  # the step of the latest log() call: spans without ml.step land there
+        self.where = f"{self.directory.resolve()} (TensorBoard event file)"
         self.closed = False
-        self.users = 0  # exporters built without a session share one; the last shutdown closes it
         self._writer: Any = None  # tensorboard's EventFileWriter
         self._lock = threading.Lock()
 
-    def open(self) -> None:
+    @classmethod
+    def open(cls, context: BridgeContext) -> TensorboardSession:
+        """The session; its event file is created by the first write (or :meth:`create_file`)."""
+        return cls(settings.tensorboard_dir(context.project, context.experiment, context.env))
+
+    def create_file(self) -> None:
         with self._lock:
             self._open()
 
@@ -107,7 +113,34 @@ class TensorboardSession:
             writer.add_event(event)
             writer.flush()
 
-    def close(self) -> None:
+    def write_step(self, record: StepRecord) -> bool:
+        # Numbers only: TensorBoard scalars have no place for strings, lists or None.
+        values = [scalar_value(key, value) for key, value in record.scalars.items()]
+        self.write(record.step, values, record.time_unix_nano / 1e9 if record.time_unix_nano else None)
+        return True
+
+    def write_timing(self, step: int, key: str, seconds: float, wall_time: float | None = None) -> bool:
+        self.write(step, [scalar_value(key, seconds)], wall_time)
+        return True
+
+    def write_spans(self, spans: Sequence[Any]) -> bool:
+        for span in spans:  # each timing at its span's end time
+            step, key, seconds = span_timing(span, self.last_step)
+            self.write_timing(step, key, seconds, span.end_time / 1e9 if span.end_time else None)
+        return True
+
+    def write_event(self, event: Event) -> bool:
+        """Validation generations as TensorBoard text; other events have no TensorBoard form."""
+        if event.name != GENERATIONS_EVENT:
+            return True
+        step = self.last_step if event.step is None else event.step
+        key = GENERATIONS_KEY if event.key is None else event.key
+        samples = list(event.body.get("samples") or [])
+        wall_time = event.time_unix_nano / 1e9 if event.time_unix_nano else None
+        self.write(step, [text_value(key, generations_text(samples, step))], wall_time)
+        return True
+
+    def finish(self, exit_code: int = 0) -> None:
         with self._lock:
             self.closed = True
             if self._writer is not None:
@@ -139,142 +172,23 @@ def text_value(tag: str, text: str) -> Any:
     return summary_pb2.Summary.Value(tag=tag + TEXT_SUFFIX, metadata=metadata, tensor=tensor)
 
 
-# --- one process-wide session for exporters built with no arguments (plain OTel SDK setups) ------
-
-_shared_lock = threading.Lock()
-_shared: TensorboardSession | None = None
+class TensorboardMetricExporter(BridgeMetricExporter):
+    session_class = TensorboardSession
 
 
-def _acquire_shared() -> TensorboardSession:
-    global _shared
-    with _shared_lock:
-        if _shared is None or _shared.closed:
-            context = BridgeContext.from_env()
-            _shared = TensorboardSession(settings.tensorboard_dir(context.project, context.experiment, context.env))
-        _shared.users += 1
-        return _shared
+class TensorboardSpanExporter(BridgeSpanExporter):
+    session_class = TensorboardSession
 
 
-def _release_shared(session: TensorboardSession) -> None:
-    with _shared_lock:
-        session.users -= 1
-        if session.users > 0:
-            return
-    session.close()
-
-
-class _Uses:
-    """The session an exporter writes to; a shared one is released at shutdown."""
-
-    def __init__(self, session: TensorboardSession | None) -> None:
-        self.owned = session is None
-        self.session = _acquire_shared() if session is None else session
-        self._released = False
-
-    def release(self) -> None:
-        if self.owned and not self._released:
-            self._released = True
-            _release_shared(self.session)
-
-
-class TensorboardMetricExporter(StepMetricExporter):
-    def __init__(self, session: TensorboardSession | None = None) -> None:
-        super().__init__()
-        self._uses = _Uses(session)
-        self.session = self._uses.session
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        try:
-            for record in self.records(metrics_data):
-                self.write(record)
-        except Exception as error:
-            logger.debug("tensorboard: metrics export failed: %s", error)
-            return MetricExportResult.FAILURE
-        return MetricExportResult.SUCCESS
-
-    def write(self, record: StepRecord) -> None:
-        # Numbers only: TensorBoard scalars have no place for strings, lists or None.
-        values = [scalar_value(key, value) for key, value in record.scalars.items()]
-        wall_time = record.time_unix_nano / 1e9 if record.time_unix_nano else None
-        self.session.write(record.step, values, wall_time)
-        self.session.last_step = record.step
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._uses.release()
-
-
-class TensorboardSpanExporter(SpanExporter):
-    def __init__(self, session: TensorboardSession | None = None) -> None:
-        self._uses = _Uses(session)
-        self.session = self._uses.session
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            for span in spans:
-                step, key, seconds = span_timing(span, self.session.last_step)
-                wall_time = span.end_time / 1e9 if span.end_time else None
-                self.session.write(step, [scalar_value(key, seconds)], wall_time)
-        except Exception as error:
-            logger.debug("tensorboard: span export failed: %s", error)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True  # every write is flushed
-
-    def shutdown(self) -> None:
-        self._uses.release()
-
-
-class TensorboardLogExporter(LogRecordExporter):
-    """Validation generations as TensorBoard text; other log records have no TensorBoard form."""
-
-    def __init__(self, session: TensorboardSession | None = None) -> None:
-        self._uses = _Uses(session)
-        self.session = self._uses.session
-
-    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        try:
-            for item in batch:
-                record = item.log_record
-                if record.event_name != GENERATIONS_EVENT:
-                    continue
-                attributes = record.attributes or {}
-                raw = attributes.get(STEP_ATTRIBUTE)
-                step = int(raw) if isinstance(raw, (int, float)) else self.session.last_step
-                key = str(attributes.get(KEY_ATTRIBUTE, GENERATIONS_KEY))
-                body = record.body if isinstance(record.body, dict) else {}
-                samples = list(body.get("samples") or [])
-                wall_time = record.timestamp / 1e9 if record.timestamp else None
-                self.session.write(step, [text_value(key, generations_text(samples, step))], wall_time)
-        except Exception as error:
-            logger.debug("tensorboard: log export failed: %s", error)
-            return LogRecordExportResult.FAILURE
-        return LogRecordExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self._uses.release()
+class TensorboardLogExporter(BridgeLogExporter):
+    session_class = TensorboardSession
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
-    directory = settings.tensorboard_dir(context.project, context.experiment, context.env)
-    session = TensorboardSession(directory)
-    session.open()  # create the directory and the event file now, as SummaryWriter did
-    print(f"Saving tensorboard log to {directory}.")
-
-    def finish(exit_code: int) -> None:
-        session.close()
-
-    return BridgeParts(
-        metrics=TensorboardMetricExporter(session),
-        spans=TensorboardSpanExporter(session),
-        logs=TensorboardLogExporter(session),
-        finish=finish,
-        where=f"{directory.resolve()} (TensorBoard event file)",
-    )
+    session = TensorboardSession.open(context)
+    session.create_file()  # create the directory and the event file now, as SummaryWriter did
+    print(f"Saving tensorboard log to {session.directory}.")
+    return bridge_parts(session, TensorboardMetricExporter, TensorboardSpanExporter, TensorboardLogExporter)
 
 
 __all__ = [

@@ -35,14 +35,18 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
-from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-from otel_tracking.exporters._base import BridgeContext, BridgeParts, StepMetricExporter, StepRecord, span_timing
-from otel_tracking.generations import GENERATIONS_EVENT, KEY_ATTRIBUTE, STEP_ATTRIBUTE
+from otel_tracking.exporters._base import (
+    BridgeContext,
+    BridgeLogExporter,
+    BridgeMetricExporter,
+    BridgeParts,
+    BridgeSession,
+    BridgeSpanExporter,
+    Event,
+    StepRecord,
+    bridge_parts,
+)
+from otel_tracking.generations import GENERATIONS_EVENT
 
 logger = logging.getLogger("otel_tracking.exporters.trackio")
 
@@ -89,7 +93,7 @@ def generation_traces(trackio: Any, samples: Sequence[Any]) -> list[Any]:
     return traces
 
 
-class TrackioSession:
+class TrackioSession(BridgeSession):
     """One Trackio run, shared by a process's metric, span and log exporters."""
 
     def __init__(self, context: BridgeContext) -> None:
@@ -102,22 +106,45 @@ class TrackioSession:
             run = self.trackio.init(project=context.project, name=context.experiment, config=config, embed=False)
         self.run = run
         self.directory = str(utils.TRACKIO_DIR)
-        self.last_step = 0  # the step of the latest log() call: spans without ml.step land there
+        place = getattr(self.run, "url", None) or self.directory
+        self.where = f"trackio project {self.run.project!r}, run {self.run.name!r} in {place}"
         self.closed = False
-        self.users = 0
         self._lock = threading.Lock()
 
-    @property
-    def where(self) -> str:
-        place = getattr(self.run, "url", None) or self.directory
-        return f"trackio project {self.run.project!r}, run {self.run.name!r} in {place}"
+    @classmethod
+    def open(cls, context: BridgeContext) -> TrackioSession:
+        """The run of exporters built with no arguments, which say where it is (``open_bridge``
+        leaves that to the end-of-run summary)."""
+        session = cls(context)
+        print(f"Logging to {session.where}")
+        return session
 
     def log(self, data: dict[str, Any], step: int) -> None:
         if self.closed:
             raise RuntimeError(f"the trackio run {self.run.name!r} is finished")
         self.run.log(data, step=step)  # an empty dict still makes a row, as the reference's did
 
-    def finish(self) -> None:
+    def write_step(self, record: StepRecord) -> bool:
+        data: dict[str, Any] = dict(record.scalars)
+        data.update(record.others)
+        self.log(data, record.step)
+        return True
+
+    def write_timing(self, step: int, key: str, seconds: float) -> bool:
+        self.log({key: seconds}, step)
+        return True
+
+    def write_event(self, event: Event) -> bool:
+        """Validation generations as Trackio traces; other events have no Trackio form here."""
+        if event.name != GENERATIONS_EVENT:
+            return True
+        step = self.last_step if event.step is None else event.step
+        traces = generation_traces(self.trackio, list(event.body.get("samples") or []))
+        if traces:
+            self.log({GENERATIONS_KEY if event.key is None else event.key: traces}, step)
+        return True
+
+    def finish(self, exit_code: int = 0) -> None:  # Trackio has no run status to set
         with self._lock:
             if self.closed:
                 return
@@ -145,135 +172,20 @@ def _drain(run: Any) -> None:
         flush_inline()
 
 
-# --- one process-wide session for exporters built with no arguments (plain OTel SDK setups) ------
-
-_shared_lock = threading.Lock()
-_shared: TrackioSession | None = None
+class TrackioMetricExporter(BridgeMetricExporter):
+    session_class = TrackioSession
 
 
-def _acquire_shared() -> TrackioSession:
-    global _shared
-    with _shared_lock:
-        if _shared is None or _shared.closed:
-            _shared = TrackioSession(BridgeContext.from_env())
-            print(f"Logging to {_shared.where}")
-        _shared.users += 1
-        return _shared
+class TrackioSpanExporter(BridgeSpanExporter):
+    session_class = TrackioSession
 
 
-def _release_shared(session: TrackioSession) -> None:
-    with _shared_lock:
-        session.users -= 1
-        if session.users > 0:
-            return
-    session.finish()
-
-
-class _Uses:
-    def __init__(self, session: TrackioSession | None) -> None:
-        self.owned = session is None
-        self.session = _acquire_shared() if session is None else session
-        self._released = False
-
-    def release(self) -> None:
-        if self.owned and not self._released:
-            self._released = True
-            _release_shared(self.session)
-
-
-class TrackioMetricExporter(StepMetricExporter):
-    def __init__(self, session: TrackioSession | None = None) -> None:
-        super().__init__()
-        self._uses = _Uses(session)
-        self.session = self._uses.session
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        try:
-            for record in self.records(metrics_data):
-                self.write(record)
-        except Exception as error:
-            logger.debug("trackio: metrics export failed: %s", error)
-            return MetricExportResult.FAILURE
-        return MetricExportResult.SUCCESS
-
-    def write(self, record: StepRecord) -> None:
-        data: dict[str, Any] = dict(record.scalars)
-        data.update(record.others)
-        self.session.log(data, record.step)
-        self.session.last_step = record.step
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._uses.release()
-
-
-class TrackioSpanExporter(SpanExporter):
-    def __init__(self, session: TrackioSession | None = None) -> None:
-        self._uses = _Uses(session)
-        self.session = self._uses.session
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            for span in spans:
-                step, key, seconds = span_timing(span, self.session.last_step)
-                self.session.log({key: seconds}, step)
-        except Exception as error:
-            logger.debug("trackio: span export failed: %s", error)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self._uses.release()
-
-
-class TrackioLogExporter(LogRecordExporter):
-    """Validation generations as Trackio traces; other log records have no Trackio form here."""
-
-    def __init__(self, session: TrackioSession | None = None) -> None:
-        self._uses = _Uses(session)
-        self.session = self._uses.session
-
-    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        try:
-            for item in batch:
-                record = item.log_record
-                if record.event_name != GENERATIONS_EVENT:
-                    continue
-                attributes = record.attributes or {}
-                raw = attributes.get(STEP_ATTRIBUTE)
-                step = int(raw) if isinstance(raw, (int, float)) else self.session.last_step
-                key = str(attributes.get(KEY_ATTRIBUTE, GENERATIONS_KEY))
-                body = record.body if isinstance(record.body, dict) else {}
-                traces = generation_traces(self.session.trackio, list(body.get("samples") or []))
-                if traces:
-                    self.session.log({key: traces}, step)
-        except Exception as error:
-            logger.debug("trackio: log export failed: %s", error)
-            return LogRecordExportResult.FAILURE
-        return LogRecordExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self._uses.release()
+class TrackioLogExporter(BridgeLogExporter):
+    session_class = TrackioSession
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
-    session = TrackioSession(context)
-
-    def finish(exit_code: int) -> None:
-        session.finish()  # Trackio has no run status to set
-
-    return BridgeParts(
-        metrics=TrackioMetricExporter(session),
-        spans=TrackioSpanExporter(session),
-        logs=TrackioLogExporter(session),
-        finish=finish,
-        where=session.where,
-    )
+    return bridge_parts(TrackioSession(context), TrackioMetricExporter, TrackioSpanExporter, TrackioLogExporter)
 
 
 __all__ = [

@@ -19,18 +19,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from otel_tracking.exporters._base import BridgeContext, BridgeParts
-from otel_tracking.exporters.wandb import (
-    GENERATIONS_EVENT,
-    SharedSessions,
-    WandbLogExporter,
-    WandbMetricExporter,
-    WandbSession,
-    WandbSpanExporter,
+from otel_tracking.exporters._base import (
+    BridgeContext,
+    BridgeLogExporter,
+    BridgeMetricExporter,
+    BridgeParts,
+    BridgeSpanExporter,
     bridge_parts,
-    open_session,
-    resume_kwargs,
 )
+from otel_tracking.exporters.wandb import WandbSession, resume_kwargs
+from otel_tracking.generations import GENERATIONS_EVENT
 from otel_tracking.settings import ConfigError
 
 PLATFORM_PACKAGE = "volcengine_ml_platform"
@@ -62,50 +60,53 @@ def platform_wandb(platform: Any) -> Any:
         raise ConfigError(f"backend 'vemlp_wandb': {name!r} has no 'wandb' module") from error
 
 
-def open_vemlp_session(context: BridgeContext, platform_module: Any = None) -> WandbSession:
-    platform = import_platform() if platform_module is None else platform_module
-    missing = [name for name in _ENV.values() if not context.env.get(name)]
-    if missing:
-        raise ConfigError(f"backend 'vemlp_wandb' needs the environment variable(s) {', '.join(missing)}")
-    platform.init(**{arg: context.env[name] for arg, name in _ENV.items()})
-    kwargs: dict[str, Any] = {
-        "project": context.project,
-        "name": context.experiment,
-        "config": context.config,
-        "sync_tensorboard": True,
-    }
-    return open_session(
-        platform_wandb(platform),
-        backend=BACKEND,
-        monotonic_steps=False,  # the platform's wandb decides (with sync_tensorboard, wandb ignores steps)
-        **{**kwargs, **resume_kwargs(context)},
-    )
+class VemlpWandbSession(WandbSession):
+    """A wandb session on the platform's wandb module."""
 
-
-_SHARED = SharedSessions(open_vemlp_session)
-
-
-class VemlpWandbMetricExporter(WandbMetricExporter):
-    _shared = _SHARED
-
-
-class VemlpWandbSpanExporter(WandbSpanExporter):
-    _shared = _SHARED
-
-
-class VemlpWandbLogExporter(WandbLogExporter):
-    _shared = _SHARED
     events = (GENERATIONS_EVENT,)  # the reference's DAPO reward table is wandb-only
+
+    @classmethod
+    def open(cls, context: BridgeContext, platform_module: Any = None) -> WandbSession:
+        platform = import_platform() if platform_module is None else platform_module
+        missing = [name for name in _ENV.values() if not context.env.get(name)]
+        if missing:
+            raise ConfigError(f"backend 'vemlp_wandb' needs the environment variable(s) {', '.join(missing)}")
+        platform.init(**{arg: context.env[name] for arg, name in _ENV.items()})
+        kwargs: dict[str, Any] = {
+            "project": context.project,
+            "name": context.experiment,
+            "config": context.config,
+            "sync_tensorboard": True,
+        }
+        return cls.start(
+            platform_wandb(platform),
+            backend=BACKEND,
+            monotonic_steps=False,  # the platform's wandb decides (with sync_tensorboard, wandb ignores steps)
+            **{**kwargs, **resume_kwargs(context)},
+        )
+
+
+class VemlpWandbMetricExporter(BridgeMetricExporter):
+    session_class = VemlpWandbSession
+
+
+class VemlpWandbSpanExporter(BridgeSpanExporter):
+    session_class = VemlpWandbSession
+
+
+class VemlpWandbLogExporter(BridgeLogExporter):
+    session_class = VemlpWandbSession
 
 
 def open_bridge(context: BridgeContext, platform_module: Any = None) -> BridgeParts:
-    session = open_vemlp_session(context, platform_module)
+    session = VemlpWandbSession.open(context, platform_module)
     return bridge_parts(session, VemlpWandbMetricExporter, VemlpWandbSpanExporter, VemlpWandbLogExporter)
 
 
 __all__ = [
     "VemlpWandbLogExporter",
     "VemlpWandbMetricExporter",
+    "VemlpWandbSession",
     "VemlpWandbSpanExporter",
     "open_bridge",
 ]

@@ -25,7 +25,7 @@ and written with ``run.log(data, step=step)``, ended with ``run.finish(exit_code
   When the number of samples per validation step changes (the reference raised ``ValueError``
   there), a new table with the new columns starts under the same key.
 
-``open_session`` takes the wandb-like module to drive, so the vemlp_wandb bridge (Volcengine's
+``WandbSession.start`` takes the wandb-like module to drive, so the vemlp_wandb bridge (Volcengine's
 ``volcengine_ml_platform.wandb``) reuses all of this.
 """
 
@@ -37,21 +37,24 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
-from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-from otel_tracking.exporters._base import BridgeContext, BridgeParts, StepMetricExporter, StepRecord, span_timing
+from otel_tracking.exporters._base import (
+    BridgeContext,
+    BridgeLogExporter,
+    BridgeMetricExporter,
+    BridgeParts,
+    BridgeSession,
+    BridgeSpanExporter,
+    Event,
+    StepRecord,
+    bridge_parts,
+    span_timing,
+)
+from otel_tracking.generations import GENERATIONS_EVENT, REWARD_TABLE_EVENT
 
 logger = logging.getLogger("otel_tracking")
 
-GENERATIONS_EVENT = "ml.validation.generations"
-REWARD_TABLE_EVENT = "ml.table.filtered_reward_counts"
 GENERATIONS_KEY = "val/generations"
 REWARD_TABLE_KEY = "training/filter_groups/filtered_reward_counts"
-_STEP_ATTRIBUTE = "ml.step"
 
 
 def _incremental_supported(module: Any) -> bool:
@@ -89,9 +92,11 @@ class _Table:
         return self.module.Table(columns=self.columns, data=[list(r) for r in self.rows])
 
 
-class WandbSession:
+class WandbSession(BridgeSession):
     """One wandb run shared by a metric, a span and a log exporter.  Calls are serialized by a
     lock (spans end in any thread); no threads of its own."""
+
+    events: tuple[str, ...] = (GENERATIONS_EVENT, REWARD_TABLE_EVENT)  # the event kinds it writes
 
     def __init__(self, module: Any, run: Any, backend: str = "wandb", monotonic_steps: bool = True) -> None:
         self.module = module
@@ -111,6 +116,33 @@ class WandbSession:
         self._reward_table: _Table | None = None
         self._warned: set[str] = set()
         self.pid = os.getpid()
+        self.where = self._where()
+        self.resume = self._resume()
+
+    # --- opening --------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, context: BridgeContext) -> WandbSession:
+        import wandb
+
+        proxy = _proxy(context.config)
+        settings = wandb.Settings(https_proxy=proxy) if proxy else None
+        kwargs: dict[str, Any] = {
+            "project": context.project,
+            "name": context.experiment,
+            "entity": context.env.get("WANDB_ENTITY") or None,
+            "config": context.config,
+            "settings": settings,
+        }
+        return cls.start(wandb, **{**kwargs, **resume_kwargs(context)})
+
+    @classmethod
+    def start(
+        cls, module: Any, backend: str = "wandb", monotonic_steps: bool = True, **init_kwargs: Any
+    ) -> WandbSession:
+        """``module.init(**init_kwargs)`` and a session writing to the run it returned."""
+        run = module.init(**init_kwargs)
+        return cls(module, run, backend=backend, monotonic_steps=monotonic_steps)
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -152,6 +184,40 @@ class WandbSession:
                 return ok
             self.high_step = step if self.high_step is None else max(self.high_step, step)
             return True
+
+    def write_step(self, record: StepRecord) -> bool:
+        data: dict[str, Any] = dict(record.scalars)
+        for key, value in record.others.items():
+            data.setdefault(key, value)
+        return self.log(data, record.step)
+
+    def write_timing(self, step: int, key: str, seconds: float) -> bool:
+        return self.log({key: seconds}, step)
+
+    def write_spans(self, spans: Sequence[Any]) -> bool:
+        """One ``log`` per step, in step order; spans without ``ml.step`` at the highest step logged."""
+        by_step: dict[int, dict[str, float]] = {}
+        for span in spans:
+            step, key, seconds = span_timing(span, self.high_step or 0)
+            by_step.setdefault(step, {})[key] = seconds
+        ok = True
+        for step in sorted(by_step):
+            try:
+                ok = self.log(by_step[step], step) and ok
+            except Exception:
+                logger.debug("otel-tracking: %s span export failed", self.backend, exc_info=True)
+                ok = False
+        return ok
+
+    def write_event(self, event: Event) -> bool:
+        """The event kinds in :attr:`events`, as the reference wrote them; other log records are ignored."""
+        if event.name not in self.events:
+            return True
+        step = 0 if event.step is None else event.step
+        if event.name == GENERATIONS_EVENT:
+            return self.log_generations(list(event.body.get("samples") or []), step)
+        row = list(event.body.get("row") or [step, ""])
+        return self.log_reward_row(list(event.body.get("columns") or ["step", "reward_counts"]), row, step)
 
     def _drops_backwards_steps(self) -> bool:
         if not self.monotonic_steps:
@@ -201,7 +267,7 @@ class WandbSession:
                 )
             self._target.finish(exit_code=exit_code)
 
-    def resume(self) -> dict[str, Any] | None:
+    def _resume(self) -> dict[str, Any] | None:
         """What ``open_bridge`` needs (as ``context.resume``) to reattach to this run."""
         try:
             run_id = getattr(self.run, "id", None)
@@ -213,7 +279,7 @@ class WandbSession:
             return None
         return {"id": str(run_id), "project": project or None, "entity": entity or None}
 
-    def where(self) -> str:
+    def _where(self) -> str:
         url = None
         try:
             url = getattr(self.run, "url", None)
@@ -243,12 +309,6 @@ def _proxy(config: Any) -> str | None:
     return str(proxy) if proxy else None
 
 
-def open_session(module: Any, backend: str = "wandb", monotonic_steps: bool = True, **init_kwargs: Any) -> WandbSession:
-    """``module.init(**init_kwargs)`` and a session writing to the run it returned."""
-    run = module.init(**init_kwargs)
-    return WandbSession(module, run, backend=backend, monotonic_steps=monotonic_steps)
-
-
 def resume_kwargs(context: BridgeContext) -> dict[str, Any]:
     """On replay (``context.resume`` from a spool header): reattach to the same run.  wandb still
     ignores replayed data at steps below the run's current step."""
@@ -263,180 +323,20 @@ def resume_kwargs(context: BridgeContext) -> dict[str, Any]:
     return kwargs
 
 
-def open_wandb_session(context: BridgeContext) -> WandbSession:
-    import wandb
-
-    proxy = _proxy(context.config)
-    settings = wandb.Settings(https_proxy=proxy) if proxy else None
-    kwargs: dict[str, Any] = {
-        "project": context.project,
-        "name": context.experiment,
-        "entity": context.env.get("WANDB_ENTITY") or None,
-        "config": context.config,
-        "settings": settings,
-    }
-    return open_session(wandb, **{**kwargs, **resume_kwargs(context)})
+class WandbMetricExporter(BridgeMetricExporter):
+    session_class = WandbSession
 
 
-def bridge_parts(session: WandbSession, metric_cls: type, span_cls: type, log_cls: type) -> BridgeParts:
-    return BridgeParts(
-        metrics=metric_cls(session),
-        spans=span_cls(session),
-        logs=log_cls(session),
-        finish=session.finish,
-        where=session.where(),
-        resume=session.resume(),
-    )
+class WandbSpanExporter(BridgeSpanExporter):
+    session_class = WandbSession
+
+
+class WandbLogExporter(BridgeLogExporter):
+    session_class = WandbSession
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
-    return bridge_parts(open_wandb_session(context), WandbMetricExporter, WandbSpanExporter, WandbLogExporter)
-
-
-# --- one process-wide session for exporters built with no arguments ----------------------------
-
-
-class SharedSessions:
-    """The session that exporters built with no arguments (by a plain OTel SDK setup) share: opened
-    from ``BridgeContext.from_env()`` by the first of them, ended when the last one shuts down."""
-
-    def __init__(self, opener: Any) -> None:
-        self._opener = opener
-        self._lock = threading.Lock()
-        self._session: WandbSession | None = None
-        self._users = 0
-
-    def acquire(self) -> WandbSession:
-        with self._lock:
-            session = self._session
-            if session is None or session.finished or session.pid != os.getpid():
-                session = self._session = self._opener(BridgeContext.from_env())
-                self._users = 0
-            self._users += 1
-            return session
-
-    def release(self, session: WandbSession) -> None:
-        with self._lock:
-            if session is not self._session:
-                return
-            self._users -= 1
-            if self._users > 0:
-                return
-            self._session = None
-        session.finish(0)
-
-
-_SHARED = SharedSessions(open_wandb_session)
-
-
-class _SessionUser:
-    _shared: SharedSessions = _SHARED
-    session: WandbSession
-    _owns_session: bool = False
-
-    def _take(self, session: WandbSession | None) -> WandbSession:
-        self._owns_session = session is None
-        return self._shared.acquire() if session is None else session
-
-    def _let_go(self) -> None:
-        if self._owns_session:
-            self._owns_session = False
-            self._shared.release(self.session)
-
-
-# --- the exporters ------------------------------------------------------------------------------
-
-
-class WandbMetricExporter(_SessionUser, StepMetricExporter):
-    def __init__(self, session: WandbSession | None = None) -> None:
-        StepMetricExporter.__init__(self)
-        self.session = self._take(session)
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        ok = True
-        for record in self.records(metrics_data):
-            ok = self._write(record) and ok
-        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
-
-    def write(self, record: StepRecord) -> None:
-        self._write(record)
-
-    def _write(self, record: StepRecord) -> bool:
-        data: dict[str, Any] = dict(record.scalars)
-        for key, value in record.others.items():
-            data.setdefault(key, value)
-        try:
-            return self.session.log(data, record.step)
-        except Exception:
-            logger.debug("otel-tracking: wandb metric export failed", exc_info=True)
-            return False
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._let_go()
-
-
-class WandbSpanExporter(_SessionUser, SpanExporter):
-    def __init__(self, session: WandbSession | None = None) -> None:
-        self.session = self._take(session)
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        fallback = self.session.high_step or 0
-        by_step: dict[int, dict[str, float]] = {}
-        for span in spans:
-            step, key, seconds = span_timing(span, fallback)
-            by_step.setdefault(step, {})[key] = seconds
-        ok = True
-        for step in sorted(by_step):
-            try:
-                ok = self.session.log(by_step[step], step) and ok
-            except Exception:
-                logger.debug("otel-tracking: wandb span export failed", exc_info=True)
-                ok = False
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self._let_go()
-
-
-class WandbLogExporter(_SessionUser, LogRecordExporter):
-    """Writes the two event kinds the reference wrote to wandb; other log records are ignored."""
-
-    events: tuple[str, ...] = (GENERATIONS_EVENT, REWARD_TABLE_EVENT)
-
-    def __init__(self, session: WandbSession | None = None) -> None:
-        self.session = self._take(session)
-
-    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        ok = True
-        for item in batch:
-            try:
-                ok = self._write(item.log_record) and ok
-            except Exception:
-                logger.debug("otel-tracking: wandb event export failed", exc_info=True)
-                ok = False
-        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
-
-    def _write(self, record: Any) -> bool:
-        name = record.event_name or ""
-        if name not in self.events:
-            return True
-        attributes = record.attributes or {}
-        body = record.body if isinstance(record.body, Mapping) else {}
-        raw_step = attributes.get(_STEP_ATTRIBUTE)
-        step = int(raw_step) if isinstance(raw_step, (int, float)) and not isinstance(raw_step, bool) else 0
-        if name == GENERATIONS_EVENT:
-            return self.session.log_generations(list(body.get("samples") or []), step)
-        row = list(body.get("row") or [step, ""])
-        return self.session.log_reward_row(list(body.get("columns") or ["step", "reward_counts"]), row, step)
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self._let_go()
+    return bridge_parts(WandbSession.open(context), WandbMetricExporter, WandbSpanExporter, WandbLogExporter)
 
 
 __all__ = [
@@ -445,5 +345,4 @@ __all__ = [
     "WandbSession",
     "WandbSpanExporter",
     "open_bridge",
-    "open_session",
 ]

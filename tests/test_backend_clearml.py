@@ -18,14 +18,6 @@ CONFIG = {"trainer": {"total_epochs": 2, "lr": 0.1}, "data": {"max_prompt_length
 SAMPLES = [["what is 2+2?", "4", 1.0], ["capital of France?", "Lyon", 0.0]]
 
 
-@pytest.fixture(scope="session")
-def clearml_config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # ClearML may read its configuration once per process: keep the file for the whole session.
-    path = tmp_path_factory.mktemp("clearml") / "clearml.conf"
-    path.write_text("sdk {\n  development {\n    report_use_subprocess: false\n  }\n}\n")
-    return path
-
-
 @pytest.fixture
 def clearml_home(isolated: Path, monkeypatch: pytest.MonkeyPatch, clearml_config_file: Path) -> Path:
     home = isolated / "home-ours"

@@ -132,11 +132,6 @@ def split_timings(
 # --- the environment ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def trackio_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("trackio")
-
-
 @pytest.fixture
 def trackio_env(isolated: Path, trackio_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """TRACKIO_DIR set before Trackio's first import; yields a project name of this test's own."""
