@@ -156,9 +156,13 @@ def _error_code(error: BaseException) -> str | None:
 class MlflowSession(BridgeSession):
     """One MLflow run shared by the metric, span and log exporters of a process or a ``Tracking``."""
 
-    def __init__(self, client: Any, run_id: str, experiment_id: str, tracking_uri: str, project: str) -> None:
+    def __init__(
+        self, client: Any, run_id: str, experiment_id: str, tracking_uri: str, project: str, replaying: bool = False
+    ) -> None:
         self.client = client
         self.run_id = run_id
+        self.resume = {"run_id": run_id}  # replay of this run's spool attaches to the same run
+        self.replaying = replaying  # attached by replay: the run's status is not ours to change
         self.experiment_id = experiment_id
         self.tracking_uri = tracking_uri
         self.project = project
@@ -208,6 +212,10 @@ class MlflowSession(BridgeSession):
         from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
         client = MlflowClient(tracking_uri=uri)
+        resumed = (context.resume or {}).get("run_id")
+        if resumed:  # otel-tracking replay: the spooled items belong to this run
+            run = client.get_run(str(resumed))
+            return cls(client, str(resumed), run.info.experiment_id, uri, context.project, replaying=True)
         existing = context.env.get("MLFLOW_RUN_ID")
         if existing:
             # Azure ML, Databricks and others start the run and hand us its id.
@@ -223,7 +231,10 @@ class MlflowSession(BridgeSession):
             except MlflowException as error:
                 if _error_code(error) != "RESOURCE_ALREADY_EXISTS":  # another rank made it first
                     raise
-                experiment_id = client.get_experiment_by_name(context.project).experiment_id
+                found = client.get_experiment_by_name(context.project)
+                if found is None:
+                    raise
+                experiment_id = found.experiment_id
         else:
             if experiment.lifecycle_stage != LifecycleStage.ACTIVE:
                 raise MlflowException(f"Cannot use the deleted experiment {context.project!r}.")
@@ -394,7 +405,8 @@ class MlflowSession(BridgeSession):
             if self.ended:
                 return
             self.ended = True
-        self.client.set_terminated(self.run_id, "FINISHED" if exit_code == 0 else "FAILED")
+        if not self.replaying:
+            self.client.set_terminated(self.run_id, "FINISHED" if exit_code == 0 else "FAILED")
 
 
 class SharedMlflowSession(BridgeSession):
