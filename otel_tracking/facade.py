@@ -14,6 +14,7 @@ all deliberate:
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -100,9 +101,7 @@ class Tracking:
         if first and RLInsightLogger._run is self._run:
             RLInsightLogger.finish()
         if first:
-            for name, counts in stats.items():
-                if counts["failed"] or counts["dropped"]:
-                    logger.warning("otel-tracking: sink %r: %s", name, counts)
+            _print_summary(self._run, stats)
         return stats
 
     # --- beyond the reference --------------------------------------------------------------------
@@ -136,6 +135,24 @@ class Tracking:
                 self.finish()
         except Exception:  # never raise from a finalizer
             pass
+
+
+def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:
+    """One line per sink fed by a worker (file and console are written inline: nothing to report),
+    on stderr, and where to find what was spooled."""
+    queued = [sink.name for sink in run.all_sinks if not sink.inline]
+    for name in queued:
+        c = stats[name]
+        print(
+            f"otel-tracking: {name}: delivered {c['delivered']}, retried {c['retried']}, "
+            f"spooled {c['spooled']}, dropped {c['dropped']}",
+            file=sys.stderr,
+        )
+    if any(stats[name]["spooled"] for name in queued):
+        print(
+            f"otel-tracking: deliver the spooled data with: otel-tracking replay {run.settings.spool_dir}",
+            file=sys.stderr,
+        )
 
 
 def _build(name: str, settings: Any, config: Any) -> Sink:

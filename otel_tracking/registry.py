@@ -9,6 +9,7 @@ so ``import otel_tracking`` never imports a tracker's SDK.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,6 +40,7 @@ _BRIDGES = {
     "clearml": "clearml",
     "trackio": "trackio",
 }
+logger = logging.getLogger("otel_tracking")
 _GROUPS = {
     "metrics": "opentelemetry_metrics_exporter",
     "traces": "opentelemetry_traces_exporter",
@@ -112,14 +114,52 @@ def build_otlp_sinks(settings: Settings) -> dict[str, Sink]:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
 
     where = describe_otlp(settings)
+    _warn_if_unreachable(otlp.endpoint)
+    # Over HTTP, a CA file from OTEL_EXPORTER_OTLP_CERTIFICATE must win over REQUESTS_CA_BUNDLE,
+    # which requests would otherwise let override the exporter's own setting.
+    args: dict[str, Any] = {"session": _certificate_session()} if otlp.certificate and otlp.protocol != "grpc" else {}
     sinks: dict[str, Sink] = {}
     if otlp.metrics:
-        sinks["metrics"] = Sink("otlp-metrics", metrics=OTLPMetricExporter(), where=where)
+        sinks["metrics"] = Sink("otlp-metrics", metrics=OTLPMetricExporter(**args), where=where)
     if otlp.traces:
-        sinks["traces"] = Sink("otlp-traces", spans=OTLPSpanExporter(), where=where)
+        sinks["traces"] = Sink("otlp-traces", spans=OTLPSpanExporter(**args), where=where)
     if otlp.logs:
-        sinks["logs"] = Sink("otlp-logs", logs=OTLPLogExporter(), where=where)
+        sinks["logs"] = Sink("otlp-logs", logs=OTLPLogExporter(**args), where=where)
     return sinks
+
+
+def _certificate_session() -> Any:
+    import requests
+
+    class CertificateSession(requests.Session):
+        def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+            merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            merged["verify"] = self.verify  # set by the exporter from OTEL_EXPORTER_OTLP_CERTIFICATE
+            return merged
+
+    return CertificateSession()
+
+
+def _warn_if_unreachable(endpoint: str | None) -> None:
+    """One clear line at construction when nothing listens at the OTLP endpoint (a 0.2 s TCP
+    connect).  Not an error: the collector may come up later, and until then the data waits."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if not endpoint:
+        return
+    parts = urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme == "https" else 4318)
+    try:
+        with socket.create_connection((parts.hostname or "localhost", port), timeout=0.2):
+            return
+    except OSError as error:
+        logger.warning(
+            "otel-tracking: the OTLP endpoint %s is not reachable now (%s); telemetry for it is retried and "
+            "spooled until it is (see `otel-tracking replay`)",
+            endpoint,
+            error.strerror or type(error).__name__,
+        )
 
 
 def build_env_sinks(settings: Settings, config: Any, taken: Iterable[str]) -> tuple[list[Sink], list[Sink]]:

@@ -87,6 +87,7 @@ class OtlpSettings:
     metric_interval_s: float = 60.0
     endpoint: str | None = None
     header_names: tuple[str, ...] = ()
+    certificate: bool = False  # OTEL_EXPORTER_OTLP_(<SIGNAL>_)CERTIFICATE is set
 
     @property
     def any(self) -> bool:
@@ -200,6 +201,10 @@ def build_settings(
             metric_interval_s=interval_ms / 1000.0,
             endpoint=endpoint,
             header_names=tuple(header_names),
+            certificate=any(
+                e.get(v)
+                for v in ("OTEL_EXPORTER_OTLP_CERTIFICATE", *(f"OTEL_EXPORTER_OTLP_{s}_CERTIFICATE" for s in _SIGNALS))
+            ),
         ),
         extra_metric_exporters=extras["METRICS"],
         extra_span_exporters=extras["TRACES"],

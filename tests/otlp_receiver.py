@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
@@ -129,9 +130,9 @@ _HTTP_PATHS = {
 
 
 class HttpReceiver:
-    """OTLP/HTTP (protobuf) on 127.0.0.1."""
+    """OTLP/HTTP (protobuf) on 127.0.0.1; over TLS when given a (certificate, key) pair."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, tls: tuple[Path, Path] | None = None) -> None:
         self.received = Received()
         received = self.received
 
@@ -163,11 +164,19 @@ class HttpReceiver:
 
         self.port = port or free_port()
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.scheme = "http"
+        if tls is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(tls[0]), str(tls[1]))
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            self.scheme = "https"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> HttpReceiver:
         self._thread.start()

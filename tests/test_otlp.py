@@ -162,3 +162,67 @@ def test_plain_sdk_autoconfiguration_finds_our_file_exporter(tmp_path: Path) -> 
     ]
     events = [json.loads(line) for line in (tmp_path / "plain" / "sdk.events.jsonl").read_text().splitlines()]
     assert [event["name"] for event in events if event["type"] == "span"] == ["epoch"]
+
+
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key
+
+
+def test_otlp_over_tls_with_headers_from_the_standard_variables(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = self_signed_certificate(isolated)
+    with HttpReceiver(tls=(cert, key)) as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(cert))
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=rl-team,authorization=Bearer%20abc")
+        tracking = Tracking("proj", "tls", default_backend="console")
+        with trace_state("rollout"):
+            tracking.log({"loss": 0.5}, 1)
+        stats = tracking.finish()
+        assert receiver.endpoint.startswith("https://")
+        assert stats["otlp-traces"]["delivered"] == 1 and stats["otlp-metrics"]["failed"] == 0
+        assert [s["name"] for s in receiver.received.spans()] == ["rollout"]
+        assert receiver.received.last_gauges()["loss"] == 0.5
+        assert all(h["x-tenant"] == "rl-team" and h["authorization"] == "Bearer abc" for h in receiver.received.headers)
+
+
+def test_an_unreachable_endpoint_is_one_clear_warning_at_construction(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.conftest import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_TRACKING_FINISH_TIMEOUT", "1")
+    tracking = Tracking("proj", "exp", default_backend="console")
+    warnings = [r.getMessage() for r in caplog.records if "not reachable" in r.getMessage()]
+    assert warnings == [
+        f"otel-tracking: the OTLP endpoint {endpoint} is not reachable now (Connection refused); "
+        "telemetry for it is retried and spooled until it is (see `otel-tracking replay`)"
+    ]
+    tracking.finish()

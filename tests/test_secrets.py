@@ -21,8 +21,14 @@ BACKENDS = ["file", "console", "tensorboard", "mlflow", "wandb", "swanlab", "cle
 
 
 def offline_env(monkeypatch: pytest.MonkeyPatch, root: Path, trackio_dir: Path, clearml_config: Path) -> None:
-    for var, sub in (("WANDB_DIR", "wandb"), ("WANDB_CACHE_DIR", "wandb/cache"), ("WANDB_DATA_DIR", "wandb/data"),
-                     ("WANDB_CONFIG_DIR", "wandb/config"), ("SWANLAB_LOG_DIR", "swanlog"), ("HOME", "home")):
+    for var, sub in (
+        ("WANDB_DIR", "wandb"),
+        ("WANDB_CACHE_DIR", "wandb/cache"),
+        ("WANDB_DATA_DIR", "wandb/data"),
+        ("WANDB_CONFIG_DIR", "wandb/config"),
+        ("SWANLAB_LOG_DIR", "swanlog"),
+        ("HOME", "home"),
+    ):
         (root / sub).mkdir(parents=True, exist_ok=True)
         monkeypatch.setenv(var, str(root / sub))
     monkeypatch.setenv("SWANLAB_MODE", "offline")
