@@ -19,12 +19,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from otel_tracking.steps import SCOPE, wrap
+from otel_tracking.steps import SCOPE, StepBatch, materialize, wrap
 
 
-def encode_metrics(data: MetricsData) -> dict[str, Any]:
+def encode_metrics(data: MetricsData | StepBatch) -> dict[str, Any]:
     out = []
-    for rm in data.resource_metrics:
+    for rm in materialize(data).resource_metrics:
         metrics = []
         for sm in rm.scope_metrics:
             for metric in sm.metrics:

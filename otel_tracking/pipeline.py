@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking.delivery import Policy, Spool, Worker
+from otel_tracking.steps import StepBatch, materialize
 
 logger = logging.getLogger("otel_tracking")
 
@@ -91,7 +92,7 @@ class Sink:
         """One guarded export call; True when the backend took it."""
         exporter = {"metrics": self.metrics, "spans": self.spans, "logs": self.logs}[kind]
         try:
-            result = exporter.export(payload)  # type: ignore[union-attr]
+            result = exporter.export(materialize(payload) if kind == "metrics" else payload)  # type: ignore[union-attr]
         except Exception as error:
             self._count_failure(kind, error)
             return False
@@ -121,7 +122,7 @@ class Sink:
         else:
             logger.debug(message, self.name, what, detail)
 
-    def export_metrics(self, data: MetricsData) -> None:
+    def export_metrics(self, data: MetricsData | StepBatch) -> None:
         if self.metrics is not None:
             self._submit("metrics", data)
 

@@ -38,7 +38,7 @@ from otel_tracking.delivery import Spool
 from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor
 from otel_tracking.redact import is_secret_key
 from otel_tracking.settings import Settings
-from otel_tracking.steps import LatestValues, step_batch
+from otel_tracking.steps import LatestValues, StepBatch
 from otel_tracking.values import split_values, to_step
 
 logger = logging.getLogger("otel_tracking")
@@ -155,9 +155,16 @@ class Run:
         now = time.time_ns()
         targets = self.sinks if backends is None else [s for s in self.sinks if s.name in backends]
         if targets:
-            batch = step_batch(self.resource, step, scalars, others, now)
+            # Inline sinks (file, console) get the MetricsData now and drop it; queued ones get the
+            # compact StepBatch and build their MetricsData when their worker exports it.
+            batch = StepBatch(self.resource, step, scalars, others, now)
+            metrics_data = None
             for sink in targets:
-                sink.export_metrics(batch)
+                if sink.inline:
+                    metrics_data = metrics_data or batch.metrics_data()
+                    sink.export_metrics(metrics_data)
+                else:
+                    sink.export_metrics(batch)
         if self._latest is not None:
             self._latest.update(step, scalars, now)
         self.last_step = step
