@@ -378,7 +378,11 @@ def main() -> int:
     parser.add_argument("--cases", default="a,b,c,d,e")
     parser.add_argument("--no-rss", action="store_true")
     parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--render", type=Path, help="print the table of a saved results JSON and exit")
     args = parser.parse_args()
+    if args.render:
+        print(render(json.loads(args.render.read_text())))
+        return 0
 
     data = workload(args.steps, args.metrics)
     slow_data = data[: args.slow_steps]
@@ -413,6 +417,10 @@ def main() -> int:
     return 0
 
 
+def _ratio(ratio: float) -> str:
+    return f"**{ratio:.2f}x**" if ratio >= 1 else f"**{ratio:.3g}x** ({1 / ratio:.3g}x lower)"
+
+
 def render(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
@@ -436,8 +444,8 @@ def render(report: dict[str, Any]) -> str:
                 f"{r['construct_ms']:.0f} | {r['drain_ms']:.0f} | {r['finish_ms']:.0f} | "
                 f"{arrived} of {r['arrived']['expected_per_backend']} |"
             )
-        ratio = s["ratio"]
-        lines.append(f"| {key} | **ours/ref** | | **{ratio['p50_ms']:.2f}x** | **{ratio['p99_ms']:.2f}x** | | | | |")
+        p50, p99 = (_ratio(s["ratio"][k]) for k in ("p50_ms", "p99_ms"))
+        lines.append(f"| {key} | **ours/ref** | | {p50} | {p99} | | | | |")
     if "memory" in report:
         mem = report["memory"]
         lines += [
