@@ -656,17 +656,22 @@ def _load_stack(state_dir: Path) -> Stack:
 
 def main(argv: list[str] | None = None) -> int:
     """``otel-tracking stack up|down|status``."""
-    parser = argparse.ArgumentParser(prog="otel-tracking stack", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--state-dir", type=Path, default=None, help="default: ~/.cache/otel-tracking/stack")
+    # --state-dir is accepted before or after the command (`otel-tracking stack up --state-dir D`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--state-dir", type=Path, default=argparse.SUPPRESS, help="default: ~/.cache/otel-tracking/stack"
+    )
+    parser = argparse.ArgumentParser(prog="otel-tracking stack", description=__doc__.split("\n\n")[0], parents=[common])
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="build or reuse the binaries and start the stack detached")
+    up = sub.add_parser("up", parents=[common], help="build or reuse the binaries and start the stack detached")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each program")
-    sub.add_parser("down", help="stop the stack started by `up`")
-    sub.add_parser("build", help="build or reuse otelcol and jaeger, find or install prometheus; print paths")
-    st = sub.add_parser("status", help="show what runs")
+    up.add_argument("--free-ports", action="store_true", help="pick free ports instead of the defaults")
+    sub.add_parser("down", parents=[common], help="stop the stack started by `up`")
+    sub.add_parser("build", parents=[common], help="build or reuse otelcol and jaeger, install prometheus; print paths")
+    st = sub.add_parser("status", parents=[common], help="show what runs")
     st.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    state_dir: Path = (args.state_dir or default_state_dir()).expanduser().resolve()
+    state_dir: Path = (getattr(args, "state_dir", None) or default_state_dir()).expanduser().resolve()
 
     try:
         if args.command == "build":
@@ -679,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"stack already running (state: {state_dir}); `down` first", file=sys.stderr)
                 _print_status(existing)
                 return 1
-            stack = Stack(state_dir, Ports(), startup_timeout=args.timeout)
+            stack = Stack(state_dir, Ports.free() if args.free_ports else Ports(), startup_timeout=args.timeout)
             stack.start()
             print("otel-tracking stack is up")
             for key, value in stack.endpoints().items():

@@ -338,3 +338,36 @@ def test_cli_status_of_a_stopped_stack(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert out.count("stopped") == 3
     assert main(["--state-dir", str(tmp_path), "down"]) == 0
+
+
+def test_cli_up_status_down(tmp_path: Path) -> None:
+    """`otel-tracking stack up` starts all three detached and prints what to export; `status` sees
+    them healthy; `down` stops them by their pid files."""
+    import subprocess
+
+    state = tmp_path / "state"
+    cli = [sys.executable, "-m", "otel_tracking", "stack"]
+    up = subprocess.run(
+        [*cli, "up", "--state-dir", str(state), "--free-ports"], capture_output=True, text=True, timeout=180
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        exports = dict(
+            line.removeprefix("export ").split("=", 1)
+            for line in up.stdout.splitlines()
+            if line.startswith("export ") and "=" in line
+        )
+        assert exports["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://127.0.0.1:")
+        assert Path(exports["OTEL_TRACKING_SCRAPE_TARGETS_DIR"]).is_dir()
+        status = subprocess.run([*cli, "status", "--state-dir", str(state)], capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stdout
+        assert status.stdout.count("healthy") == 3
+        again = subprocess.run(
+            [*cli, "up", "--state-dir", str(state), "--free-ports"], capture_output=True, text=True, timeout=60
+        )
+        assert again.returncode == 1 and "already running" in again.stderr
+    finally:
+        down = subprocess.run([*cli, "down", "--state-dir", str(state)], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    after = subprocess.run([*cli, "status", "--state-dir", str(state)], capture_output=True, text=True, timeout=60)
+    assert after.returncode == 3 and after.stdout.count("stopped") == 3
