@@ -20,7 +20,7 @@ import math
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking import settings
 from otel_tracking.spans import STEP_ATTRIBUTE
-from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC
+from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC, StepRecord
 from otel_tracking.values import decode_others
 
 logger = logging.getLogger("otel_tracking")
@@ -92,16 +92,6 @@ class BridgeParts:
     resume: dict[str, Any] | None = None  # what open_bridge needs (as context.resume) to reattach to this run
 
 
-@dataclass
-class StepRecord:
-    """One log() call as a bridge sees it."""
-
-    step: int
-    scalars: dict[str, int | float]
-    others: dict[str, Any] = field(default_factory=dict)
-    time_unix_nano: int = 0
-
-
 def _series_key(name: str, attributes: Any) -> str:
     if not attributes:
         return name
@@ -141,7 +131,13 @@ class StepMetricExporter(MetricExporter):
             yield record
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        for record in self.records(metrics_data):
+        return self.export_records(self.records(metrics_data))
+
+    def export_records(self, records: Iterable[StepRecord]) -> MetricExportResult:
+        """The records themselves: what ``export`` decodes from ``MetricsData``.  The facade hands
+        its own step exporters the records of a ``log()`` call directly (``StepBatch.record``),
+        skipping a ``MetricsData`` that would only be decoded back."""
+        for record in records:
             self.write(record)
         return MetricExportResult.SUCCESS
 
@@ -276,9 +272,9 @@ class BridgeMetricExporter(_UsesSession, StepMetricExporter):
         StepMetricExporter.__init__(self)
         self._use(session)
 
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+    def export_records(self, records: Iterable[StepRecord]) -> MetricExportResult:
         ok = True
-        for record in self.records(metrics_data):
+        for record in records:
             ok = self._guarded("metrics", lambda r=record: self.session.write_step(r)) and ok  # type: ignore[misc]
             self.session.last_step = record.step
         return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE

@@ -90,9 +90,14 @@ class Sink:
 
     def deliver(self, kind: str, payload: Any) -> bool:
         """One guarded export call; True when the backend took it."""
-        exporter = {"metrics": self.metrics, "spans": self.spans, "logs": self.logs}[kind]
+        exporter: Any = {"metrics": self.metrics, "spans": self.spans, "logs": self.logs}[kind]
         try:
-            result = exporter.export(materialize(payload) if kind == "metrics" else payload)  # type: ignore[union-attr]
+            if kind != "metrics":
+                result = exporter.export(payload)
+            elif isinstance(payload, StepBatch) and hasattr(exporter, "export_records"):
+                result = exporter.export_records([payload.record()])  # our step exporters: no OTel round trip
+            else:
+                result = exporter.export(materialize(payload))
         except Exception as error:
             self._count_failure(kind, error)
             return False

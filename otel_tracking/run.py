@@ -155,16 +155,11 @@ class Run:
         now = time.time_ns()
         targets = self.sinks if backends is None else [s for s in self.sinks if s.name in backends]
         if targets:
-            # Inline sinks (file, console) get the MetricsData now and drop it; queued ones get the
-            # compact StepBatch and build their MetricsData when their worker exports it.
+            # One compact StepBatch for every sink: step exporters take its record directly, any
+            # other metric exporter gets the MetricsData built from it (in its worker, if queued).
             batch = StepBatch(self.resource, step, scalars, others, now)
-            metrics_data = None
             for sink in targets:
-                if sink.inline:
-                    metrics_data = metrics_data or batch.metrics_data()
-                    sink.export_metrics(metrics_data)
-                else:
-                    sink.export_metrics(batch)
+                sink.export_metrics(batch)
         if self._latest is not None:
             self._latest.update(step, scalars, now)
         self.last_step = step

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -32,7 +32,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_tracking import __version__
-from otel_tracking.values import InstrumentNames, encode_others
+from otel_tracking.values import InstrumentNames, decode_others, encode_others
 
 STEP_METRIC = "train.step"
 # On the step point of a per-step batch only: the log() call's non-number values as JSON, so the
@@ -78,12 +78,23 @@ def step_batch(
     return wrap(resource, metrics)
 
 
+@dataclass
+class StepRecord:
+    """One log() call as a step exporter sees it: the step, the numbers under the keys exactly as
+    written, the other values (as the file sink writes them) and the log() time."""
+
+    step: int
+    scalars: dict[str, int | float]
+    others: dict[str, Any] = field(default_factory=dict)
+    time_unix_nano: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class StepBatch:
-    """One log() call as it waits in a worker's queue: a handful of objects instead of the ~800
-    of its ``MetricsData`` (a backlog of those makes every full garbage collection, and so the
-    training loop, pause for tens of milliseconds).  The worker builds the ``MetricsData`` when it
-    exports; it is the same data ``step_batch`` gives the inline sinks."""
+    """One log() call as the sinks get it: a handful of objects instead of the ~800 of its
+    ``MetricsData`` (a backlog of those in the queues made every full garbage collection, and so
+    the training loop, pause longer).  Our step exporters take :meth:`record` directly; any other
+    metric exporter gets :meth:`metrics_data`, built when it exports (in its worker, if queued)."""
 
     resource: Resource
     step: int
@@ -93,6 +104,12 @@ class StepBatch:
 
     def metrics_data(self) -> MetricsData:
         return step_batch(self.resource, self.step, self.scalars, self.others, self.time_ns)
+
+    def record(self) -> StepRecord:
+        """What a step exporter decodes from :meth:`metrics_data`, without building it (the other
+        values take the same JSON round trip, so both paths write the same)."""
+        others = decode_others(encode_others(self.others)) if self.others else {}
+        return StepRecord(self.step, dict(self.scalars), others, self.time_ns)
 
 
 def materialize(data: MetricsData | StepBatch) -> MetricsData:

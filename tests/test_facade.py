@@ -226,7 +226,7 @@ def test_a_failing_sink_never_stops_the_others(isolated: Path, capsys: pytest.Ca
     def broken(_data):
         raise OSError("disk on fire")
 
-    tracking.logger["console"].metrics.export = broken
+    tracking.logger["console"].metrics.write = broken  # the console write fails, whichever way it is called
     tracking.log({"x": 1.0}, 1)
     tracking.log({"x": 2.0}, 2)
     stats = tracking.finish()

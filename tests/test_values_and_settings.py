@@ -170,3 +170,22 @@ def test_sdk_disabled_keeps_the_named_backends(isolated, monkeypatch) -> None:
     stats = tracking.finish()
     assert set(stats) == {"file"}
     assert (isolated / "proj" / "exp.jsonl").read_text() == '{"step":1,"data":{"x":1}}\n'
+
+
+def test_a_step_record_is_what_an_exporter_decodes_from_the_metrics_data() -> None:
+    """The facade hands its step exporters StepBatch.record() instead of MetricsData: the two paths
+    must give the same record."""
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_tracking.exporters.console import ConsoleMetricExporter
+    from otel_tracking.steps import StepBatch
+
+    cases = [
+        ({"a/b": 1.0, "c@4": float("inf"), "flag": True, "n": 3}, {}),
+        ({}, {"text": "x", "none": None, "arr": np.array([1.5, 2.5]), "t": (1, 2), "obj": object}),
+        ({"only": -0.0}, {"nested": {"k": [np.float32(0.5)]}}),
+    ]
+    for scalars, others in cases:
+        batch = StepBatch(Resource({"service.name": "s"}), 7, scalars, others, 123)
+        (decoded,) = ConsoleMetricExporter().records(batch.metrics_data())
+        assert batch.record() == decoded
