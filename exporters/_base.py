@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -337,9 +336,10 @@ def bridge_parts(
     )
 
 
-def finite_only(scalars: dict[str, int | float]) -> dict[str, int | float]:
-    """For backends that cannot store NaN/inf."""
-    return {k: v for k, v in scalars.items() if not (isinstance(v, float) and not math.isfinite(v))}
+def sample_parts(sample: Any) -> list[Any]:
+    """(input, output, score) of one validation sample: missing parts are None, extra parts dropped."""
+    parts = list(sample) if isinstance(sample, (list, tuple)) else [sample]
+    return [*parts, None, None, None][:3]
 
 
 def span_duration_s(span: Any) -> float:
@@ -377,8 +377,8 @@ __all__: Sequence[str] = [
     "StepMetricExporter",
     "StepRecord",
     "bridge_parts",
-    "finite_only",
     "hex_id",
+    "sample_parts",
     "span_duration_s",
     "span_timing",
 ]

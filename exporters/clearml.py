@@ -47,6 +47,7 @@ from otel_tracking.exporters._base import (
     Event,
     StepRecord,
     bridge_parts,
+    sample_parts,
 )
 from otel_tracking.generations import GENERATIONS_EVENT
 
@@ -166,9 +167,8 @@ class ClearMLSession(BridgeSession):
 
         rows = []
         for sample in samples:
-            parts = list(sample) if isinstance(sample, (list, tuple)) else [sample]
-            parts = [*parts, None, None, None][:3]
-            rows.append({"step": step, "input": parts[0], "output": parts[1], "score": parts[2]})
+            input_text, output_text, score = sample_parts(sample)
+            rows.append({"step": step, "input": input_text, "output": output_text, "score": score})
         table = pd.DataFrame.from_records(rows, columns=["step", "input", "output", "score"])
         with self._lock:
             if self.finished:

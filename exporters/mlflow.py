@@ -63,6 +63,7 @@ from otel_tracking.exporters._base import (
     Event,
     StepRecord,
     bridge_parts,
+    sample_parts,
     span_timing,
 )
 from otel_tracking.generations import GENERATIONS_EVENT
@@ -388,9 +389,8 @@ class MlflowSession(BridgeSession):
         """``val_step{step}.json`` at the artifact root, as the reference wrote it."""
         rows = []
         for sample in samples:
-            parts = list(sample) if isinstance(sample, (list, tuple)) else [sample]
-            parts += [None] * (3 - len(parts))
-            rows.append({"input": parts[0], "output": parts[1], "score": parts[2]})
+            input_text, output_text, score = sample_parts(sample)
+            rows.append({"input": input_text, "output": output_text, "score": score})
         with tempfile.TemporaryDirectory() as tmp_dir:
             path = os.path.join(tmp_dir, f"val_step{step}.json")
             with open(path, "w") as file:

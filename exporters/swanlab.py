@@ -42,6 +42,7 @@ from otel_tracking.exporters._base import (
     Event,
     StepRecord,
     bridge_parts,
+    sample_parts,
 )
 from otel_tracking.generations import GENERATIONS_EVENT
 
@@ -146,7 +147,7 @@ class SwanLabSession(BridgeSession):
 
     def log_generations(self, samples: Sequence[Any], step: int) -> bool:
         table = self._swanlab.echarts.Table()
-        rows = [[step, *_three(sample)] for sample in samples]
+        rows = [[step, *sample_parts(sample)] for sample in samples]
         table.add(headers=list(GENERATIONS_HEADERS), rows=rows)
         return self.log({GENERATIONS_KEY: table}, step)
 
@@ -159,12 +160,6 @@ class SwanLabSession(BridgeSession):
             self.finished = True
         state = "success" if exit_code == 0 else "crashed"
         self.run.finish(state=state, error=None if exit_code == 0 else f"exit code {exit_code}")
-
-
-def _three(sample: Any) -> list[Any]:
-    """input, output, score of one sample (missing parts are None, extra parts dropped)."""
-    parts = list(sample) if isinstance(sample, (list, tuple)) else [sample]
-    return [*parts, None, None, None][:3]
 
 
 class SwanLabMetricExporter(BridgeMetricExporter):

@@ -47,6 +47,7 @@ from otel_tracking.exporters._base import (
     Event,
     StepRecord,
     bridge_parts,
+    sample_parts,
     span_timing,
 )
 from otel_tracking.generations import GENERATIONS_EVENT, REWARD_TABLE_EVENT
@@ -233,10 +234,9 @@ class WandbSession(BridgeSession):
                 columns += [f"input_{i + 1}", f"output_{i + 1}", f"score_{i + 1}"]
             row: list[Any] = [step]
             for sample in samples:
-                parts = list(sample) if isinstance(sample, (list, tuple)) else [sample]
-                # (input, output, score): a short sample is padded with None, a long one cut to 3
-                # (the reference's table raised ValueError for either).
-                row += [*parts, None, None, None][:3]
+                # A short sample is padded with None, a long one cut to 3 (the reference's table
+                # raised ValueError for either).
+                row += sample_parts(sample)
             if self._generations is None or self._generations.columns != columns:
                 self._generations = _Table(self.module, columns)
             return self.log({GENERATIONS_KEY: self._generations.add(row)}, step)
