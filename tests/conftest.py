@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -76,6 +77,52 @@ def clearml_config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("clearml") / "clearml.conf"
     path.write_text("sdk {\n  development {\n    report_use_subprocess: false\n  }\n}\n")
     return path
+
+
+class PlainSdk:
+    """A plain OpenTelemetry SDK setup, as an application builds one without our facade: the given
+    exporters behind the SDK's own PeriodicExportingMetricReader (flushed by hand at each step) and
+    simple span and log processors."""
+
+    def __init__(self, metrics: Any, spans: Any, logs: Any = None) -> None:
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+        reader = PeriodicExportingMetricReader(metrics, export_interval_millis=3_600_000)
+        self.meters = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+        self.tracers = TracerProvider(shutdown_on_exit=False)
+        self.tracers.add_span_processor(SimpleSpanProcessor(spans))
+        self.loggers = None
+        if logs is not None:
+            self.loggers = LoggerProvider(shutdown_on_exit=False)
+            self.loggers.add_log_record_processor(SimpleLogRecordProcessor(logs))
+        self._meter = self.meters.get_meter("app")
+        self._gauges: dict[str, Any] = {}
+
+    def log_step(self, step: int, values: dict[str, float]) -> None:
+        """The app's own gauges, with the step as the gauge ``train.step``; one collection."""
+        for name, value in {"train.step": step, **values}.items():
+            if name not in self._gauges:
+                self._gauges[name] = self._meter.create_gauge(name)
+            self._gauges[name].set(value)
+        self.meters.force_flush()
+
+    def span(self, name: str, **attributes: Any) -> None:
+        with self.tracers.get_tracer("app").start_as_current_span(name, attributes=attributes):
+            pass
+
+    def emit(self, event_name: str, body: Any, attributes: dict[str, Any]) -> None:
+        assert self.loggers is not None
+        self.loggers.get_logger("app").emit(event_name=event_name, body=body, attributes=attributes)
+
+    def shutdown(self) -> None:
+        for provider in (self.meters, self.tracers, self.loggers):
+            if provider is not None:
+                provider.shutdown()
 
 
 def free_port() -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import PlainSdk
 from tests.readers_swanlab import SwanLabRun, wait_for_run
 
 pytestmark = pytest.mark.backend
@@ -169,33 +170,19 @@ def test_api_key_goes_to_login_only_when_online(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_plain_otel_sdk_setup_shares_one_process_session(swanlab_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
     from otel_tracking.exporters import swanlab as bridge
 
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "ml.project=sdkproj,ml.experiment=sdkexp")
     metric_exporter = bridge.SwanLabMetricExporter()
     span_exporter = bridge.SwanLabSpanExporter()
     assert metric_exporter.session is span_exporter.session
-    reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=3_600_000)
-    meters = MeterProvider(metric_readers=[reader])
-    tracers = TracerProvider()
-    tracers.add_span_processor(SimpleSpanProcessor(span_exporter))
-    meter = meters.get_meter("app")
-    step_gauge, loss = meter.create_gauge("train.step"), meter.create_gauge("train/loss")
-    tracer = tracers.get_tracer("app")
+    app = PlainSdk(metric_exporter, span_exporter)
     for step in (1, 2, 3):
-        with tracer.start_as_current_span("rollout", attributes={"ml.step": step}):
-            pass
-        step_gauge.set(step)
-        loss.set(1.0 / step)
-        meters.force_flush()
-    meters.shutdown()
+        app.span("rollout", **{"ml.step": step})
+        app.log_step(step, {"train/loss": 1.0 / step})
+    app.meters.shutdown()
     assert not metric_exporter.session.finished  # the span exporter still uses it
-    tracers.shutdown()
+    app.tracers.shutdown()
     assert metric_exporter.session.finished
 
     (run,) = wait_for_run(swanlab_env)

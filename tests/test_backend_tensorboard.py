@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import PlainSdk
+
 pytestmark = pytest.mark.backend
 
 CONFIG = {"trainer": {"total_epochs": 2, "lr": 0.1}, "api_key": "sk-tb-secret-123456"}
@@ -233,13 +235,6 @@ def test_event_file_writer_is_looked_up_at_open_time(isolated: Path, monkeypatch
 
 
 def test_plain_otel_sdk_exporters_share_one_event_file(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
     from otel_tracking.exporters.tensorboard import (
         TensorboardLogExporter,
         TensorboardMetricExporter,
@@ -252,30 +247,17 @@ def test_plain_otel_sdk_exporters_share_one_event_file(isolated: Path, monkeypat
     log_exporter = TensorboardLogExporter()
     assert metric_exporter.session is span_exporter.session is log_exporter.session
 
-    reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=3_600_000)
-    meters = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
-    tracers = TracerProvider(shutdown_on_exit=False)
-    tracers.add_span_processor(SimpleSpanProcessor(span_exporter))
-    loggers = LoggerProvider(shutdown_on_exit=False)
-    loggers.add_log_record_processor(SimpleLogRecordProcessor(log_exporter))
-
-    meter = meters.get_meter("app")
-    step_gauge, loss = meter.create_gauge("train.step"), meter.create_gauge("loss")
+    app = PlainSdk(metric_exporter, span_exporter, log_exporter)
     for step, value in ((3, 0.5), (4, 0.25)):
-        step_gauge.set(step)
-        loss.set(value)
-        meters.force_flush()
-    with tracers.get_tracer("app").start_as_current_span("rollout", attributes={"ml.step": 4}):
-        pass
-    with tracers.get_tracer("app").start_as_current_span("plain"):  # no ml.step: the last step exported
-        pass
-    loggers.get_logger("app").emit(
-        event_name="ml.validation.generations",
-        body={"samples": SAMPLES},
-        attributes={"ml.step": 10, "ml.key": "val/generations", "ml.backends": ["tensorboard"]},
+        app.log_step(step, {"loss": value})
+    app.span("rollout", **{"ml.step": 4})
+    app.span("plain")  # no ml.step: the last step exported
+    app.emit(
+        "ml.validation.generations",
+        {"samples": SAMPLES},
+        {"ml.step": 10, "ml.key": "val/generations", "ml.backends": ["tensorboard"]},
     )
-    for provider in (meters, tracers, loggers):
-        provider.shutdown()
+    app.shutdown()
     assert metric_exporter.session.closed
 
     scalars, texts, _ = read_events(isolated / "tensorboard_log" / "sdkproj" / "sdkexp")

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import PlainSdk
+
 pytestmark = pytest.mark.backend
 
 SECRET = "sk-trackio-very-secret-1234"
@@ -265,13 +267,6 @@ def test_exporters_return_failure_after_finish(trackio_env: str) -> None:
 
 
 def test_plain_otel_sdk_exporters_share_one_run(trackio_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
     from otel_tracking.exporters.trackio import TrackioLogExporter, TrackioMetricExporter, TrackioSpanExporter
 
     project = trackio_env
@@ -281,28 +276,16 @@ def test_plain_otel_sdk_exporters_share_one_run(trackio_env: str, monkeypatch: p
     log_exporter = TrackioLogExporter()
     assert metric_exporter.session is span_exporter.session is log_exporter.session
 
-    reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=3_600_000)
-    meters = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
-    tracers = TracerProvider(shutdown_on_exit=False)
-    tracers.add_span_processor(SimpleSpanProcessor(span_exporter))
-    loggers = LoggerProvider(shutdown_on_exit=False)
-    loggers.add_log_record_processor(SimpleLogRecordProcessor(log_exporter))
-
-    meter = meters.get_meter("app")
-    step_gauge, loss = meter.create_gauge("train.step"), meter.create_gauge("loss")
+    app = PlainSdk(metric_exporter, span_exporter, log_exporter)
     for step, value in ((3, 0.5), (4, 0.25)):
-        step_gauge.set(step)
-        loss.set(value)
-        meters.force_flush()
-    with tracers.get_tracer("app").start_as_current_span("rollout", attributes={"ml.step": 4}):
-        pass
-    loggers.get_logger("app").emit(
-        event_name="ml.validation.generations",
-        body={"samples": SAMPLES},
-        attributes={"ml.step": 10, "ml.key": "val/generations", "ml.backends": ["trackio"]},
+        app.log_step(step, {"loss": value})
+    app.span("rollout", **{"ml.step": 4})
+    app.emit(
+        "ml.validation.generations",
+        {"samples": SAMPLES},
+        {"ml.step": 10, "ml.key": "val/generations", "ml.backends": ["trackio"]},
     )
-    for provider in (meters, tracers, loggers):
-        provider.shutdown()
+    app.shutdown()
     assert metric_exporter.session.closed
 
     found, timings = split_timings(rows(project, "sdkexp"))
