@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -80,6 +81,17 @@ def _json_safe(config: dict[str, Any]) -> dict[str, Any]:
     return result if isinstance(result, dict) else {"config": result}
 
 
+def _forget_closed_parent_task() -> None:
+    """ClearML marks the process that called ``Task.init`` in the environment (``<pid>:<task id>``)
+    so that its subprocesses report into that task.  In the bridge process, a marker inherited from
+    a training process whose task is already closed (``<pid>:``) would make ``Task.init`` return a
+    task that writes nowhere: drop it, so that the bridge opens its own task as in one process."""
+    for variable in ("CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID"):
+        pid, _, task_id = os.environ.get(variable, "").partition(":")
+        if pid and pid != str(os.getpid()) and not task_id:
+            del os.environ[variable]
+
+
 class ClearMLSession(BridgeSession):
     """One ClearML task shared by the metric, span and log exporters of one process."""
 
@@ -88,6 +100,7 @@ class ClearMLSession(BridgeSession):
 
         if str(context.env.get("CLEARML_OFFLINE_MODE", "")).strip().lower() in _TRUE:
             Task.set_offline(True)
+        _forget_closed_parent_task()
         self.task: Any = Task.init(
             task_name=context.experiment,
             project_name=context.project,

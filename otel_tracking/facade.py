@@ -20,11 +20,18 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from otel_tracking.bridge_process import start_bridges
 from otel_tracking.pipeline import Sink
-from otel_tracking.registry import SUPPORTED_BACKENDS, build_env_sinks, build_otlp_sinks, build_sink
+from otel_tracking.registry import (
+    SUPPORTED_BACKENDS,
+    build_checked_sink,
+    build_env_sinks,
+    build_otlp_sinks,
+    is_bridge,
+)
 from otel_tracking.rl_insight import RLInsightLogger
 from otel_tracking.run import Run
-from otel_tracking.settings import ConfigError, build_settings
+from otel_tracking.settings import build_settings
 
 logger = logging.getLogger("otel_tracking")
 
@@ -63,16 +70,21 @@ class Tracking:
         insight = "rl_insight" in names and RLInsightLogger.enabled()
         settings = build_settings(str(project_name), str(experiment_name), tuple(names), force_otlp=insight)
         built: list[Sink] = []
+        remote: dict[str, Sink] = {}
         try:
+            # The ML bridges in one child process (bridge_process.py), the rest here.
+            bridges = [n for n in names if is_bridge(n)] if settings.bridge_process else []
+            if bridges:
+                remote = dict(zip(bridges, start_bridges(bridges, settings, config), strict=True))
             for name in names:
                 if name != "rl_insight":
-                    built.append(_build(name, settings, config))
+                    built.append(remote.get(name) or build_checked_sink(name, settings, config))
             step_sinks, periodic = build_env_sinks(settings, config, taken=names)
             built.extend(step_sinks)
             built.extend(periodic)
             otlp = build_otlp_sinks(settings)
         except BaseException:
-            for sink in built:
+            for sink in [*built, *(s for s in remote.values() if s not in built)]:
                 sink.finish(1)
             raise
         sinks = [s for s in built if s not in periodic]
@@ -153,14 +165,3 @@ def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:
             f"otel-tracking: deliver the spooled data with: otel-tracking replay {run.settings.spool_dir}",
             file=sys.stderr,
         )
-
-
-def _build(name: str, settings: Any, config: Any) -> Sink:
-    try:
-        return build_sink(name, settings, config)
-    except ModuleNotFoundError as error:
-        raise ConfigError(
-            f"backend {name!r} needs the {error.name!r} package: pip install 'otel-tracking[{name}]'"
-        ) from error
-    except OSError as error:
-        raise ConfigError(f"backend {name!r} cannot write where it should: {error}") from error

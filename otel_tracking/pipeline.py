@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -83,6 +84,10 @@ class Sink:
         """Give a non-inline sink its worker (the run does this once its spool path is known)."""
         if not self.inline and self.worker is None:
             self.worker = Worker(self.name, self.deliver, self.count, spool, policy)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until what was handed to this sink so far is delivered or spooled."""
+        return self.worker.flush(timeout_s) if self.worker is not None else True
 
     def count(self, field: str, n: int) -> None:
         with self._lock:
@@ -170,6 +175,15 @@ class Sink:
                 self._on_finish(exit_code)
             except Exception as error:
                 self._count_failure("finish", error)
+
+
+def finish_sinks(sinks: Sequence[Sink], exit_code: int, deadline: float) -> None:
+    """Drain every sink's queue at once, then finish them one by one; ``deadline`` (monotonic)
+    bounds the total, and what is still queued then is spooled."""
+    for sink in sinks:
+        sink.flush(max(0.0, deadline - time.monotonic()))
+    for sink in sinks:
+        sink.finish(exit_code, timeout_s=max(0.0, deadline - time.monotonic()))
 
 
 class SinkSpanProcessor(SpanProcessor):

@@ -96,6 +96,23 @@ def build_sink(name: str, settings: Settings, config: Any, resume: Any = None) -
     )
 
 
+def build_checked_sink(name: str, settings: Settings, config: Any, resume: Any = None) -> Sink:
+    """:func:`build_sink`, with the errors a user can act on said plainly."""
+    try:
+        return build_sink(name, settings, config, resume)
+    except ModuleNotFoundError as error:
+        raise ConfigError(
+            f"backend {name!r} needs the {error.name!r} package: pip install 'otel-tracking[{name}]'"
+        ) from error
+    except OSError as error:
+        raise ConfigError(f"backend {name!r} cannot write where it should: {error}") from error
+
+
+def is_bridge(name: str) -> bool:
+    """An ML tracker's bridge (runs in the bridge process unless OTEL_TRACKING_BRIDGE_PROCESS=false)."""
+    return name in _BRIDGES
+
+
 def build_otlp_sinks(settings: Settings) -> dict[str, Sink]:
     """OTLP exporters for the signals the settings turn on; they read endpoint, headers and TLS
     from the standard OTEL_EXPORTER_OTLP_* variables themselves."""

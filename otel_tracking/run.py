@@ -35,7 +35,7 @@ from opentelemetry.trace import Tracer
 
 from otel_tracking import __version__
 from otel_tracking.delivery import Spool
-from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor
+from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks
 from otel_tracking.redact import is_secret_key
 from otel_tracking.settings import Settings
 from otel_tracking.steps import LatestValues, StepBatch
@@ -80,6 +80,21 @@ def build_resource(settings: Settings) -> Resource:
     return Resource(attributes)
 
 
+def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
+    """Where a queued sink keeps what it cannot deliver; the header tells replay how to rebuild it."""
+    if sink.inline:
+        return None
+    header = {
+        "sink": sink.name,
+        "project": settings.project,
+        "experiment": settings.experiment,
+        "run_id": settings.run_id,
+        "resume": sink.resume,
+        "pid": pid,
+    }
+    return Spool(settings.spool_dir / f"{sink.name}.jsonl", header)
+
+
 class Run:
     def __init__(
         self,
@@ -101,7 +116,7 @@ class Run:
         otlp_sinks = dict(otlp_sinks or {})
         self.observability_sinks = [*otlp_sinks.values(), *periodic_sinks]
         for sink in self.all_sinks:
-            sink.start(self._spool_for(sink), settings.delivery)
+            sink.start(sink_spool(sink, settings, self.pid), settings.delivery)
 
         metric_sinks = [s for s in (otlp_sinks.get("metrics"), *periodic_sinks) if s is not None]
         self._latest = LatestValues() if metric_sinks else None
@@ -124,20 +139,6 @@ class Run:
     @property
     def all_sinks(self) -> list[Sink]:
         return [*self.sinks, *self.observability_sinks]
-
-    def _spool_for(self, sink: Sink) -> Spool | None:
-        if sink.inline:
-            return None
-        s = self.settings
-        header = {
-            "sink": sink.name,
-            "project": s.project,
-            "experiment": s.experiment,
-            "run_id": s.run_id,
-            "resume": sink.resume,
-            "pid": self.pid,
-        }
-        return Spool(s.spool_dir / f"{sink.name}.jsonl", header)
 
     def _snapshot(self) -> Any:
         return self._latest.snapshot(self.resource) if self._latest is not None else None
@@ -190,12 +191,7 @@ class Run:
                 provider.shutdown()
             except Exception:
                 logger.exception("otel-tracking: flushing %s failed", type(provider).__name__)
-        # Drain every worker at once, then finish sinks one by one: the deadline bounds the total.
-        for sink in self.all_sinks:
-            if sink.worker is not None:
-                sink.worker.flush(max(0.0, deadline - time.monotonic()))
-        for sink in self.all_sinks:
-            sink.finish(exit_code, timeout_s=max(0.0, deadline - time.monotonic()))
+        finish_sinks(self.all_sinks, exit_code, deadline)
         return self.stats()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
@@ -204,11 +200,7 @@ class Run:
         deadline = time.monotonic() + timeout_s
         self.tracer_provider.force_flush()
         self.logger_provider.force_flush()
-        return all(
-            sink.worker.flush(max(0.0, deadline - time.monotonic()))
-            for sink in self.all_sinks
-            if sink.worker is not None
-        )
+        return all([sink.flush(max(0.0, deadline - time.monotonic())) for sink in self.all_sinks])
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {sink.name: sink.stats.as_dict() for sink in self.all_sinks}

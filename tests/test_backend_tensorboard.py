@@ -116,12 +116,13 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_facade_writes_scalars_timings_and_generations_text(
-    isolated: Path, no_torch: None, capsys: pytest.CaptureFixture[str]
+    isolated: Path, no_torch: None, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from otel_tracking import DapoFilteredRewardTableLogger, Tracking, ValidationGenerationsLogger, trace_state
 
     tracking = Tracking("proj", "exp", default_backend=["tensorboard"], config=CONFIG)
-    assert "Saving tensorboard log to tensorboard_log/proj/exp." in capsys.readouterr().out
+    # printed by the bridge process, on the same stdout (file descriptor 1)
+    assert "Saving tensorboard log to tensorboard_log/proj/exp." in capfd.readouterr().out
     for data, step in steps_payloads():
         with trace_state("gen", step=step):
             pass
@@ -225,6 +226,7 @@ def test_event_file_writer_is_looked_up_at_open_time(isolated: Path, monkeypatch
             super().__init__(logdir, *args, **kwargs)
 
     monkeypatch.setattr(event_file_writer, "EventFileWriter", Hooked)
+    monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", "false")  # the hook is in this process
     tracking = Tracking("proj", "exp", default_backend="tensorboard")
     tracking.log({"x": 1.0}, 0)
     tracking.finish()
@@ -324,12 +326,12 @@ def test_differential_against_the_reference(
     isolated: Path,
     seed: types.ModuleType,
     fake_torch: type[RecordingSummaryWriter],
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     from otel_tracking import Tracking, ValidationGenerationsLogger
 
     reference = seed.Tracking("proj", "exp", default_backend="tensorboard", config=CONFIG)
-    reference_out = capsys.readouterr().out
+    reference_out = capfd.readouterr().out
     for data, step in steps_payloads():
         reference.log(data, step)
     seed.ValidationGenerationsLogger("proj", "exp").log(["tensorboard"], SAMPLES, 10)
@@ -339,7 +341,7 @@ def test_differential_against_the_reference(
     reference_scalars, reference_texts = what_torch_stores(fake_torch.calls)
 
     ours = Tracking("proj", "exp", default_backend="tensorboard", config=CONFIG)
-    ours_out = capsys.readouterr().out
+    ours_out = capfd.readouterr().out
     for data, step in steps_payloads():
         ours.log(data, step)
     ValidationGenerationsLogger("proj", "exp").log(["tensorboard"], SAMPLES, 10)

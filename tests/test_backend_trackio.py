@@ -231,12 +231,14 @@ def test_log_from_another_thread_reaches_the_run(trackio_env: str, seed: types.M
     assert rows(trackio_env, "exp") == [(1, {"loss": 1.0}), (2, {"loss": 0.5})]
 
 
-def test_an_existing_trackio_run_is_reused_and_finished(trackio_env: str) -> None:
+def test_an_existing_trackio_run_is_reused_and_finished(trackio_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import trackio
     from trackio import context_vars
 
     from otel_tracking import Tracking
 
+    # A run opened by the training process can only be reused by a bridge in that process.
+    monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", "false")
     trackio.init(project=trackio_env, name="mine", embed=False)
     tracking = Tracking(trackio_env, "exp", default_backend="trackio")
     tracking.log({"x": 1}, 0)

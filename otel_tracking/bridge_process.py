@@ -1,0 +1,470 @@
+"""The ML bridges in a process of their own, so that their work never pauses the training loop.
+
+Trackers' SDKs are heavy guests: wandb, SwanLab, ClearML and MLflow bring large heaps (every full
+garbage collection walks them, pausing every thread) and busy threads of their own (every write
+the training loop makes hands the GIL to them for up to a switch interval).  In one process that
+costs ``log()`` tens of milliseconds at the 99th percentile with every local backend on; from a
+child process it costs nothing but handing the step over.
+
+    training process                                    bridge process (nice +10)
+    log() -> RemoteSink --> [link queue] --link thread--pipe--> Sink (worker, retry, spool) -> wandb
+             RemoteSink --'   one message per log() call     '-> Sink (worker, retry, spool) -> MLflow
+
+The training process sends each log() call once (to all the bridges it is for), spans and log
+records as the spool encodes them; the child hands them to ordinary :class:`Sink` objects, so
+retry, degraded state and spool work exactly as in one process.  ``flush()`` and ``finish()`` are
+requests answered over a second pipe; ``finish()`` returns the child's per-sink counts.  If the
+child dies, what the link still holds is spooled by the training process (``<sink>.link.jsonl``,
+replayed like any spool).  The child ignores SIGINT and SIGTERM (the training process finishes
+the run and then tells it to finish) and finishes on its own when the training process is gone.
+
+``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the bridges in the training process instead (for
+trackers' console capture of the training process's own output, see the README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from otel_tracking.codec import decode_logs, decode_spans, encode_logs, encode_spans
+from otel_tracking.delivery import Policy, Spool
+from otel_tracking.pipeline import Sink, finish_sinks
+from otel_tracking.redact import redact_config
+from otel_tracking.settings import ConfigError, Settings
+from otel_tracking.steps import StepBatch
+from otel_tracking.values import decode_others, encode_others
+
+logger = logging.getLogger("otel_tracking")
+
+_STOP = object()
+_GRACE_S = 10.0  # beyond the finish deadline, for the child to close its backends and answer
+_TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not
+_NICE = 10  # the child yields the CPU to the training loop
+
+
+class _Message:
+    """One payload on its way to some of the child's sinks: a log() call goes out once, however
+    many bridges it is for (the sinks that get it add their names until the link thread takes it)."""
+
+    __slots__ = ("kind", "names", "payload", "sealed")
+
+    def __init__(self, kind: str, payload: Any, name: str) -> None:
+        self.kind = kind
+        self.payload = payload
+        self.names = [name]
+        self.sealed = False
+
+
+class BridgeProcess:
+    """The training process's side: starts the child, sends it what the remote sinks get."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.sinks: dict[str, RemoteSink] = {}
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=settings.delivery.queue_size)
+        self._lock = threading.Lock()  # guards the open message
+        self._send_lock = threading.Lock()  # one writer on the pipe (it may block: never under _lock)
+        self._last: _Message | None = None
+        self._dead = False
+        self._finished = False
+        self._stats: dict[str, dict[str, int]] = {}
+        to_child_r, self._to_child_w = os.pipe()
+        self._from_child_r, from_child_w = os.pipe()
+        out = _fileno(sys.stdout)
+        err = _fileno(sys.stderr)
+        env = dict(os.environ)
+        # The child imports otel_tracking the way this process did (a checkout on sys.path, too).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env["PYTHONUNBUFFERED"] = "1"  # the backends' messages appear when they happen, not at exit
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "otel_tracking.bridge_process", str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=env,
+            start_new_session=True,  # a Ctrl-C or a scheduler's group signal reaches the training process only
+        )
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._to_child = Connection(self._to_child_w, readable=False)
+        self._from_child = Connection(self._from_child_r, writable=False)
+        self._thread: threading.Thread | None = None
+
+    # --- start -----------------------------------------------------------------------------------
+
+    def open(self, names: Sequence[str], config: Any, resumes: dict[str, Any] | None = None) -> list[RemoteSink]:
+        """Build the named bridges in the child; their remote sinks, in order.  A bridge that cannot
+        start raises here, as it would in one process."""
+        settings = replace(self.settings, env=dict(self.settings.env))
+        # sys.argv too: trackers record the training script (MLflow's source tags, wandb's program).
+        opening = ("open", settings, _picklable(redact_config(config)), list(names), resumes or {}, list(sys.argv))
+        self._send(opening)
+        reply = self._receive(timeout_s=None)
+        if reply is None or reply[0] != "ready":
+            self._reap(timeout_s=5.0)
+            if reply is None:
+                raise RuntimeError(
+                    f"the otel-tracking bridge process exited (code {self.process.returncode}) before it "
+                    "opened the backends; its error is above"
+                )
+            raise _error_from(reply[1], reply[2])
+        for name in names:
+            info = reply[1][name]
+            self.sinks[name] = RemoteSink(self, name, info)
+        self._thread = threading.Thread(target=self._send_loop, name="otel-tracking-bridges", daemon=True)
+        self._thread.start()
+        return [self.sinks[name] for name in names]
+
+    # --- the training thread's side --------------------------------------------------------------
+
+    def submit(self, name: str, kind: str, payload: Any) -> None:
+        with self._lock:
+            last = self._last
+            if last is not None and not last.sealed and last.payload is payload and last.kind == kind:
+                last.names.append(name)
+                return
+            message = self._last = _Message(kind, payload, name)
+        try:
+            self._queue.put_nowait(message)
+        except queue.Full:
+            self._set_aside(message)
+
+    # --- the link thread -------------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while True:
+            message = self._queue.get()
+            try:
+                if message is _STOP:
+                    return
+                with self._lock:
+                    message.sealed = True
+                if self._dead:
+                    self._set_aside(message)
+                    continue
+                try:
+                    self._send(_encode(message))
+                except (OSError, EOFError):
+                    self._dead = True
+                    logger.warning(
+                        "otel-tracking: the bridge process is gone (exit code %s); what it did not get is "
+                        "spooled for `otel-tracking replay`",
+                        self.process.poll(),
+                    )
+                    self._set_aside(message)
+                except Exception:
+                    logger.exception("otel-tracking: could not hand %s to the bridge process", message.kind)
+                    self._set_aside(message)
+            finally:
+                self._queue.task_done()
+
+    def _set_aside(self, message: _Message) -> None:
+        for name in message.names:
+            self.sinks[name].spool_item(message.kind, message.payload)
+
+    def _send(self, message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            self._to_child.send_bytes(data)
+
+    def _receive(self, timeout_s: float | None) -> Any:
+        """The child's next answer; None when it is gone or did not answer in time."""
+        try:
+            if timeout_s is not None and not self._from_child.poll(timeout_s):
+                return None
+            return pickle.loads(self._from_child.recv_bytes())
+        except (OSError, EOFError):
+            return None
+
+    def _drain(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _request(self, message: Any, timeout_s: float) -> Any:
+        if self._dead:
+            return None
+        try:
+            self._send(message)
+        except (OSError, EOFError):
+            self._dead = True
+            return None
+        return self._receive(timeout_s)
+
+    # --- the end ---------------------------------------------------------------------------------
+
+    def flush(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        if not self._drain(timeout_s):
+            return False
+        reply = self._request(("flush", max(0.0, deadline - time.monotonic())), timeout_s + _GRACE_S)
+        return bool(reply and reply[1])
+
+    def finish(self, exit_code: int, timeout_s: float) -> None:
+        """Hand over the rest, have the child drain and close every backend, collect its counts; once."""
+        if self._finished:
+            return
+        self._finished = True
+        deadline = time.monotonic() + timeout_s
+        self._drain(timeout_s)
+        self._queue.put(_STOP)  # past the deadline, what is still queued is spooled below
+        if self._thread is not None:
+            self._thread.join(max(0.1, deadline - time.monotonic()))
+        while True:
+            try:
+                message = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if message is not _STOP:
+                self._set_aside(message)
+        reply = self._request(("finish", exit_code, max(0.0, deadline - time.monotonic())), timeout_s + _GRACE_S)
+        if reply is not None and reply[0] == "finished":
+            self._stats = reply[1]
+            # Every backend is finished: the child's interpreter teardown (seconds, for MLflow's
+            # imports) is none of the training loop's business.  Reap it in the background.
+            self._close()
+            threading.Thread(target=self.process.wait, name="otel-tracking-reaper", daemon=True).start()
+            return
+        if not self._dead:
+            logger.warning(
+                "otel-tracking: the bridge process did not finish within %.0f s; stopping it (its spool "
+                "holds what it had not delivered)",
+                timeout_s + _GRACE_S,
+            )
+        self._reap(timeout_s=_GRACE_S)
+
+    def child_stats(self, name: str) -> dict[str, int]:
+        return self._stats.get(name, {})
+
+    def _close(self) -> None:
+        for connection in (self._to_child, self._from_child):
+            with contextlib.suppress(OSError):
+                connection.close()
+
+    def _reap(self, timeout_s: float) -> None:
+        self._close()
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class RemoteSink(Sink):
+    """A bridge running in the bridge process, as the training process's run sees it: what it
+    gets goes to the link; counts are the child's, plus what this side had to spool."""
+
+    def __init__(self, link: BridgeProcess, name: str, info: dict[str, Any]) -> None:
+        present = "in the otel-tracking bridge process"
+        super().__init__(
+            name,
+            metrics=present if info["metrics"] else None,  # type: ignore[arg-type]
+            spans=present if info["spans"] else None,  # type: ignore[arg-type]
+            logs=present if info["logs"] else None,
+            where=info["where"],
+            named_events_only=True,
+            resume=info["resume"],
+        )
+        self.link = link
+        self._spool: Spool | None = None
+
+    def start(self, spool: Spool | None, policy: Policy | None = None) -> None:
+        if spool is not None:  # the child spools to <sink>.jsonl; this side, only when the link fails
+            spool = Spool(spool.path.with_suffix(".link.jsonl"), spool.header)
+        self._spool = spool
+
+    def _submit(self, kind: str, payload: Any) -> None:
+        self.link.submit(self.name, kind, payload)
+
+    def spool_item(self, kind: str, payload: Any) -> None:
+        n = 1 if kind == "metrics" else len(payload)
+        if self._spool is None:
+            self.count("dropped", n)
+            return
+        try:
+            self._spool.write(kind, payload)
+            self.count("spooled", n)
+        except Exception:
+            logger.exception("otel-tracking: sink %r could not spool; data dropped", self.name)
+            self.count("dropped", n)
+
+    def flush(self, timeout_s: float) -> bool:
+        return self.link.flush(timeout_s)
+
+    def finish(self, exit_code: int, timeout_s: float = 30.0) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self.link.finish(exit_code, timeout_s)
+        for field, n in self.link.child_stats(self.name).items():
+            self.count(field, n)
+        if self._spool is not None:
+            self._spool.close()
+
+
+def start_bridges(
+    names: Sequence[str], settings: Settings, config: Any, resumes: dict[str, Any] | None = None
+) -> list[RemoteSink]:
+    link = BridgeProcess(settings)
+    try:
+        return link.open(names, config, resumes)
+    except BaseException:
+        link._reap(timeout_s=5.0)
+        raise
+
+
+# --- encoding --------------------------------------------------------------------------------------
+
+
+def _encode(message: _Message) -> tuple[Any, ...]:
+    names = tuple(message.names)
+    payload = message.payload
+    if message.kind == "metrics":
+        others = encode_others(payload.others) if payload.others else None
+        return ("metrics", names, payload.step, dict(payload.scalars), others, payload.time_ns)
+    if message.kind == "spans":
+        return ("spans", names, encode_spans(payload))
+    return ("logs", names, encode_logs(payload))
+
+
+def _picklable(config: Any) -> Any:
+    try:
+        pickle.dumps(config)
+        return config
+    except Exception:  # an object in the config that cannot cross: the bridges get its text, as in JSON
+        return json.loads(json.dumps(config, default=str))
+
+
+_ERRORS: dict[str, type[Exception]] = {
+    "ConfigError": ConfigError,
+    "ValueError": ValueError,
+    "TypeError": TypeError,
+    "OSError": OSError,
+    "PermissionError": PermissionError,
+    "FileNotFoundError": FileNotFoundError,
+}
+
+
+def _error_from(type_name: str, message: str) -> Exception:
+    kind = _ERRORS.get(type_name)
+    return kind(message) if kind is not None else RuntimeError(f"{type_name}: {message}")
+
+
+def _fileno(stream: Any) -> int | None:
+    try:
+        return int(stream.fileno())
+    except Exception:  # captured or replaced streams: the child writes where this process's fd does
+        return None
+
+
+# --- the child -------------------------------------------------------------------------------------
+
+
+def serve(inbox: Connection, outbox: Connection) -> int:
+    """The bridge process: open the bridges, feed them until told to finish (or the training
+    process is gone), then finish them and report the counts."""
+    from otel_tracking.registry import build_checked_sink
+    from otel_tracking.run import build_resource, sink_spool
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(_NICE)
+
+    def answer(message: Any) -> None:
+        outbox.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    _, settings, config, names, resumes, argv = pickle.loads(inbox.recv_bytes())
+    sys.argv = argv
+    parent = os.getppid()
+    sinks: dict[str, Sink] = {}
+    try:
+        for name in names:
+            sinks[name] = build_checked_sink(name, settings, config, resumes.get(name))
+    except Exception as error:
+        finish_sinks(list(sinks.values()), 1, time.monotonic() + 5.0)
+        answer(("error", type(error).__name__, str(error)))
+        return 1
+    for sink in sinks.values():
+        sink.start(sink_spool(sink, settings, parent), settings.delivery)
+    answer(
+        (
+            "ready",
+            {
+                name: {
+                    "metrics": sink.metrics is not None,
+                    "spans": sink.spans is not None,
+                    "logs": sink.logs is not None,
+                    "where": sink.where,
+                    "resume": sink.resume,
+                }
+                for name, sink in sinks.items()
+            },
+        )
+    )
+    resource = build_resource(settings)
+    while True:
+        try:
+            if not inbox.poll(1.0):
+                if os.getppid() != parent:  # the training process is gone without finishing
+                    break
+                continue
+            message = pickle.loads(inbox.recv_bytes())
+        except (OSError, EOFError):
+            break
+        kind = message[0]
+        if kind == "metrics":
+            _, targets, step, scalars, others, time_ns = message
+            batch = StepBatch(resource, step, scalars, decode_others(others) if others else {}, time_ns)
+            for name in targets:
+                sinks[name].export_metrics(batch)
+        elif kind in ("spans", "logs"):
+            items = decode_spans(message[2]) if kind == "spans" else decode_logs(message[2])
+            for name in message[1]:
+                (sinks[name].export_spans if kind == "spans" else sinks[name].export_logs)(items)
+        elif kind == "flush":
+            deadline = time.monotonic() + message[1]
+            answer(("flushed", all([s.flush(max(0.0, deadline - time.monotonic())) for s in sinks.values()])))
+        elif kind == "finish":
+            finish_sinks(list(sinks.values()), message[1], time.monotonic() + message[2])
+            answer(("finished", {name: sink.stats.as_dict() for name, sink in sinks.items()}))
+            _exit_after(_TEARDOWN_S)
+            return 0
+    # The training process ended without finishing the run: deliver what arrived, as a crash.
+    finish_sinks(list(sinks.values()), 1, time.monotonic() + settings.finish_timeout_s)
+    return 1
+
+
+def _exit_after(seconds: float) -> None:
+    """A backend thread that never ends must not keep a finished bridge process alive."""
+    timer = threading.Timer(seconds, os._exit, args=(0,))
+    timer.daemon = True
+    timer.start()
+
+
+def main(argv: Sequence[str]) -> int:
+    inbox = Connection(int(argv[0]), writable=False)
+    outbox = Connection(int(argv[1]), readable=False)
+    return serve(inbox, outbox)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
