@@ -13,8 +13,9 @@ Cases (200 metrics per step, verl-style keys, stdout to /dev/null so the termina
   e  file + console + MLflow server that goes down right after Tracking() was built
 
 For each: log() p50/p99, Tracking() construction time, drain time (ours: ``flush()`` until the
-workers have delivered the backlog a 1000-step burst leaves; the reference has none, it paid inside
-log()), finish() time after that, and the ratio ours/reference.
+backends have taken the backlog a 1000-step burst leaves, up to 600 s, or 30 s against the slow or
+stopped server of d and e; the reference has none, it paid inside log()), finish() time after
+that, and the ratio ours/reference.
 Every run is read back through the backends' own readers (the file sink line by line; MLflow's
 metric history for sampled keys; in d and e after ``otel-tracking replay`` of what was spooled),
 so a fast number cannot come from dropped data.  The reference blocks on a slow MLflow (one
@@ -126,6 +127,7 @@ class Case:
     ours: list[str]
     reference: list[str]
     slow: bool = False  # the reference blocks per log(): fewer steps for it
+    drain_s: float = 600.0  # how long flush() may wait for the backlog before finish()
     server: str | None = None  # None, "delayed" or "down"
     notes: list[str] = field(default_factory=list)
 
@@ -145,9 +147,15 @@ CASES = {
         ["file", "console", "mlflow"],
         slow=True,
         server="delayed",
+        drain_s=30.0,
     ),
     "e": Case(
-        "MLflow server down", ["file", "console", "mlflow"], ["file", "console", "mlflow"], slow=True, server="down"
+        "MLflow server down",
+        ["file", "console", "mlflow"],
+        ["file", "console", "mlflow"],
+        slow=True,
+        server="down",
+        drain_s=30.0,
     ),
 }
 
@@ -167,6 +175,7 @@ def run_one(
     data: list[dict[str, float]],
     experiment: str,
     after_construct: Callable[[], None] | None = None,
+    drain_budget_s: float = 600.0,
 ) -> tuple[Outcome, Any]:
     gc.collect()
     with quiet_stdout():
@@ -182,7 +191,7 @@ def run_one(
             latencies.append(time.perf_counter() - t0)
         started = time.perf_counter()
         if hasattr(tracking, "flush"):
-            tracking.flush(timeout_s=float(os.environ.get("OTEL_TRACKING_FINISH_TIMEOUT", "30")))
+            tracking.flush(timeout_s=drain_budget_s)
         drain_s = time.perf_counter() - started
         started = time.perf_counter()
         result = tracking.finish()
@@ -228,7 +237,7 @@ def mlflow_values(uri: str, experiment: str, data: list[dict[str, float]], sampl
 
 def replay_mlflow(spool_root: Path, uri: str) -> None:
     """What our MLflow sink spooled (server down, or still queued when finish() timed out)."""
-    files = [str(p) for p in spool_root.rglob("mlflow.jsonl")]
+    files = [str(p) for p in spool_root.rglob("mlflow*.jsonl")]  # the sink's spool and the link's
     if files:
         with env(MLFLOW_TRACKING_URI=uri, MLFLOW_DISABLE_TELEMETRY="true"):
             subprocess.run(
@@ -270,7 +279,7 @@ def run_case(
                 with env(**base):
                     if "swanlab" in backends or "clearml" in backends:
                         os.chdir(run_root)
-                    outcome, _ = run_one(factory, backends, run_data, experiment, after)
+                    outcome, _ = run_one(factory, backends, run_data, experiment, after, case.drain_s)
                 outcome.arrived["file"] = verify_file(run_root / "bench" / f"{experiment}.jsonl", run_data)
                 if "mlflow" in backends:
                     direct = f"sqlite:///{root / 'mlflow.db'}"

@@ -1,0 +1,225 @@
+"""The bridge process: the trackers run in a child of the training process (bridge_process.py).
+
+What users rely on: the training process never imports a tracker's SDK, every value still arrives
+(read back through MLflow and TensorBoard), a bridge that cannot start fails ``Tracking()`` as it
+would in one process, and either process dying takes nothing that was handed over with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from otel_tracking import Tracking
+from otel_tracking.settings import ConfigError
+from tests import readers_mlflow as mlflow_reader
+from tests.otlp_receiver import wait_for
+from tests.test_backend_tensorboard import read_events
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie still answers kill(0): look at its state
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def _mlflow_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "OTEL_TRACKING_SPOOL_DIR": str(tmp_path / "spool"),
+    }
+
+
+def _run_of(tmp_path: Path, project: str) -> tuple[object, object]:
+    client = mlflow_reader.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(project)
+    return client, mlflow_reader.only_run(client, experiment.experiment_id)
+
+
+def _loss(step: int) -> float:
+    return 1.0 / (step + 1)
+
+
+TRAINING = textwrap.dedent(
+    """
+    import json, os, sys
+    from otel_tracking import Tracking, trace_state
+
+    t = Tracking("proj", "exp", default_backend=["file", "mlflow", "tensorboard"], config={"lr": 0.1})
+    for step in range(30):
+        with trace_state("rollout", step=step):
+            t.log({"train/loss": 1.0 / (step + 1), "train/step_sq": step * step}, step)
+    child = t.logger["mlflow"].link.process.pid
+    imported = sorted(m for m in ("mlflow", "tensorboard", "sqlalchemy", "wandb") if m in sys.modules)
+    alive = os.path.exists(f"/proc/{child}")
+    stats = t.finish()
+    print(json.dumps({"imported": imported, "child": child, "me": os.getpid(), "alive": alive, "stats": stats}))
+    """
+)
+
+
+def test_trackers_run_in_the_bridge_process_and_every_value_arrives(tmp_path: Path) -> None:
+    env = {**_mlflow_env(tmp_path), "TENSORBOARD_DIR": str(tmp_path / "tb")}
+    done = subprocess.run(
+        [sys.executable, "-c", TRAINING], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["imported"] == []  # not one tracker SDK in the training process
+    assert report["alive"] and report["child"] != report["me"]
+    for backend in ("mlflow", "tensorboard"):  # 30 steps and 30 spans each, nothing lost on the way
+        assert report["stats"][backend] == {"delivered": 60, "failed": 0, "retried": 0, "spooled": 0, "dropped": 0}
+
+    client, run = _run_of(tmp_path, "proj")
+    expected = sorted(
+        [("train/loss", s, _loss(s)) for s in range(30)] + [("train/step_sq", s, s * s) for s in range(30)]
+    )
+    triples = mlflow_reader.metric_triples(client, run.info.run_id)
+    assert [t for t in triples if not t[0].startswith("timing_s/")] == expected
+    assert [t[1] for t in triples if t[0] == "timing_s/state/rollout"] == list(range(30))  # from the spans
+    assert run.info.status == "FINISHED" and run.data.params == {"lr": "0.1"}
+    # MLflow names the training script as the source, not the bridge process's module
+    assert run.data.tags["mlflow.source.name"] == "-c"
+    spans = mlflow_reader.traces(client, run.info.experiment_id, run.info.run_id)
+    assert len(spans) == 30
+
+    scalars, _, _ = read_events(tmp_path / "tb")
+    assert scalars["train/loss"] == [(s, pytest.approx(_loss(s))) for s in range(30)]
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, sys, time
+    from otel_tracking import Tracking
+
+    t = Tracking("proj", "exp", default_backend=["file", "mlflow"])
+    for step in range(20):
+        t.log({"loss": 1.0 / (step + 1)}, step)
+    print("child", t.logger["mlflow"].link.process.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_training_process_killed_the_bridges_still_deliver_and_end_the_run(tmp_path: Path) -> None:
+    """SIGKILL gives the training process no chance to finish: the bridge process sees its pipe
+    close, delivers everything it was handed and ends the MLflow run as failed."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED], cwd=tmp_path, env=_mlflow_env(tmp_path), stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    child = int(next(line for line in process.stdout if line.startswith("child ")).split()[1])
+    time.sleep(0.5)  # the link thread hands the last steps over (a pipe write, microseconds)
+    process.kill()
+    process.wait()
+    wait_for(lambda: _process_gone(child), timeout_s=120, what="the bridge process to finish on its own")
+
+    client, run = _run_of(tmp_path, "proj")
+    assert run.info.status == "FAILED"
+    assert mlflow_reader.metric_triples(client, run.info.run_id) == [("loss", s, _loss(s)) for s in range(20)]
+
+
+def test_bridge_process_killed_training_goes_on_and_replay_delivers_the_rest(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{isolated / 'mlflow.db'}")
+    tracking = Tracking("proj", "exp", default_backend=["file", "mlflow"])
+    for step in range(10):
+        tracking.log({"loss": _loss(step)}, step)
+    assert tracking.flush(timeout_s=120)
+    child = tracking.logger["mlflow"].link.process
+    child.kill()
+    child.wait()
+    for step in range(10, 20):
+        tracking.log({"loss": _loss(step)}, step)  # never blocks, never raises
+    started = time.monotonic()
+    stats = tracking.finish()
+    assert time.monotonic() - started < 10
+    assert stats["mlflow"]["delivered"] == 0  # the child's own counts died with it
+    assert stats["mlflow"]["spooled"] == 10
+    assert any("the bridge process is gone" in r.getMessage() for r in caplog.records)
+    link_spool = list((isolated / "spool").rglob("mlflow.link.jsonl"))
+    assert len(link_spool) == 1
+
+    replay = subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "replay", str(isolated / "spool")],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert replay.returncode == 0, replay.stderr
+    client, run = _run_of(isolated, "proj")  # the same run: replay reattached to it
+    assert mlflow_reader.metric_triples(client, run.info.run_id) == [("loss", s, _loss(s)) for s in range(20)]
+
+
+def test_a_bridge_that_cannot_start_fails_tracking_and_leaves_no_process(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = isolated / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("TENSORBOARD_DIR", str(blocker / "tb"))
+    before = _children()
+    with pytest.raises(ConfigError, match="backend 'tensorboard' cannot write where it should"):
+        Tracking("proj", "exp", default_backend=["file", "tensorboard"])
+    wait_for(lambda: _children() <= before, timeout_s=30, what="the bridge process to exit")
+
+    # the same error as with the bridges in this process
+    monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", "false")
+    with pytest.raises(ConfigError, match="backend 'tensorboard' cannot write where it should"):
+        Tracking("proj", "exp", default_backend=["file", "tensorboard"])
+
+
+def _children() -> set[int]:
+    """Live (non-zombie) child processes of this one."""
+    me = os.getpid()
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def test_sigterm_finishes_the_bridges_with_the_exit_code(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import time
+        from otel_tracking import Tracking
+
+        t = Tracking("proj", "exp", default_backend=["file", "mlflow"])
+        for step in range(15):
+            t.log({"loss": 1.0 / (step + 1)}, step)
+        print("ready", flush=True)
+        time.sleep(600)
+        """
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=tmp_path, env=_mlflow_env(tmp_path), stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    assert any(line.strip() == "ready" for line in process.stdout)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 128 + signal.SIGTERM
+    client, run = _run_of(tmp_path, "proj")
+    assert run.info.status == "FAILED"
+    assert mlflow_reader.metric_triples(client, run.info.run_id) == [("loss", s, _loss(s)) for s in range(15)]
