@@ -11,6 +11,9 @@ Cases (200 metrics per step, verl-style keys, stdout to /dev/null so the termina
      which is not installed: it runs without it)
   d  file + console + MLflow server behind a proxy that delays every request by 1 s
   e  file + console + MLflow server that goes down right after Tracking() was built
+  f  every local backend, paced: --paced-steps steps, one every --pace-ms (a training step's
+     compute), finish() right after the last log() with no drain: what ending a run costs when
+     the backends keep up
 
 For each: log() p50/p99, Tracking() construction time, drain time (ours: ``flush()`` until the
 backends have taken the backlog a 1000-step burst leaves, up to 600 s, or 30 s against the slow or
@@ -128,6 +131,7 @@ class Case:
     reference: list[str]
     slow: bool = False  # the reference blocks per log(): fewer steps for it
     drain_s: float = 600.0  # how long flush() may wait for the backlog before finish()
+    paced: bool = False  # --paced-steps steps, --pace-ms apart, finish() with no drain
     server: str | None = None  # None, "delayed" or "down"
     notes: list[str] = field(default_factory=list)
 
@@ -157,6 +161,13 @@ CASES = {
         server="down",
         drain_s=30.0,
     ),
+    "f": Case(
+        "all local backends, paced",
+        ["file", "console", "mlflow", "tensorboard", "wandb", "swanlab", "clearml", "trackio"],
+        ["file", "console", "mlflow", "wandb", "swanlab", "clearml", "trackio"],
+        drain_s=0.0,
+        paced=True,
+    ),
 }
 
 
@@ -176,6 +187,7 @@ def run_one(
     experiment: str,
     after_construct: Callable[[], None] | None = None,
     drain_budget_s: float = 600.0,
+    pace_s: float = 0.0,
 ) -> tuple[Outcome, Any]:
     gc.collect()
     with quiet_stdout():
@@ -186,11 +198,13 @@ def run_one(
             after_construct()
         latencies = []
         for step, values in enumerate(data):
+            if pace_s:
+                time.sleep(pace_s)  # the training step's compute
             t0 = time.perf_counter()
             tracking.log(values, step)
             latencies.append(time.perf_counter() - t0)
         started = time.perf_counter()
-        if hasattr(tracking, "flush"):
+        if hasattr(tracking, "flush") and drain_budget_s:
             tracking.flush(timeout_s=drain_budget_s)
         drain_s = time.perf_counter() - started
         started = time.perf_counter()
@@ -249,7 +263,14 @@ def replay_mlflow(spool_root: Path, uri: str) -> None:
 
 
 def run_case(
-    key: str, case: Case, data: list[dict[str, float]], slow_data: list[dict[str, float]], rounds: int, root: Path
+    key: str,
+    case: Case,
+    data: list[dict[str, float]],
+    slow_data: list[dict[str, float]],
+    rounds: int,
+    root: Path,
+    paced_data: list[dict[str, float]] | None = None,
+    pace_s: float = 0.0,
 ) -> dict[str, Any]:
     impls = {"reference": (reference_factory(), case.reference), "otel_tracking": (ours_factory(), case.ours)}
     outcomes: dict[str, list[Outcome]] = {name: [] for name in impls}
@@ -265,6 +286,8 @@ def run_case(
             for name, (factory, backends) in impls.items():
                 experiment = f"{key}-{name}-{round_index}"
                 run_data = slow_data if (case.slow and name == "reference") else data
+                if case.paced and paced_data is not None:
+                    run_data = paced_data
                 run_root = root / experiment
                 base = local_backend_env(run_root)
                 base["VERL_FILE_LOGGER_ROOT"] = str(run_root)
@@ -279,7 +302,8 @@ def run_case(
                 with env(**base):
                     if "swanlab" in backends or "clearml" in backends:
                         os.chdir(run_root)
-                    outcome, _ = run_one(factory, backends, run_data, experiment, after, case.drain_s)
+                    pace = pace_s if case.paced else 0.0
+                    outcome, _ = run_one(factory, backends, run_data, experiment, after, case.drain_s, pace)
                 outcome.arrived["file"] = verify_file(run_root / "bench" / f"{experiment}.jsonl", run_data)
                 if "mlflow" in backends:
                     direct = f"sqlite:///{root / 'mlflow.db'}"
@@ -384,7 +408,10 @@ def main() -> int:
     parser.add_argument("--slow-steps", type=int, default=10, help="reference steps in cases d and e")
     parser.add_argument("--metrics", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per implementation in case a")
-    parser.add_argument("--cases", default="a,b,c,d,e")
+    parser.add_argument("--paced-steps", type=int, default=200, help="steps in case f")
+    parser.add_argument("--pace-ms", type=float, default=250.0, help="compute time per step in case f")
+    parser.add_argument("--cases", default="a,b,c,d,e,f")
+    parser.add_argument("--add-to", type=Path, help="merge this run's cases into a saved results JSON")
     parser.add_argument("--no-rss", action="store_true")
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--render", type=Path, help="print the table of a saved results JSON and exit")
@@ -409,12 +436,19 @@ def main() -> int:
         try:
             for key in args.cases.split(","):
                 rounds = args.rounds if key == "a" else 1
-                report["cases"][key] = run_case(key, CASES[key], data, slow_data, rounds, root)
+                report["cases"][key] = run_case(
+                    key, CASES[key], data, slow_data, rounds, root, data[: args.paced_steps], args.pace_ms / 1e3
+                )
                 print(render({**report, "cases": {key: report["cases"][key]}}), file=sys.stderr, flush=True)
         finally:
             os.chdir(cwd)
         if not args.no_rss:
             report["memory"] = rss(root)
+    if args.add_to:  # this run's cases (and memory, if measured) into a saved report
+        saved = json.loads(args.add_to.read_text())
+        saved["cases"].update(report["cases"])
+        saved.update({k: v for k, v in report.items() if k == "memory"})
+        report = saved
     text = render(report)
     print(text)
     if not args.no_save:

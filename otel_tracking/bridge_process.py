@@ -12,10 +12,13 @@ child process it costs nothing but handing the step over.
 
 The training process sends each log() call once (to all the bridges it is for), spans and log
 records as the spool encodes them; the child hands them to ordinary :class:`Sink` objects, so
-retry, degraded state and spool work exactly as in one process.  ``flush()`` and ``finish()`` are
-requests answered over a second pipe; ``finish()`` returns the child's per-sink counts.  If the
-child dies, what the link still holds is spooled by the training process (``<sink>.link.jsonl``,
-replayed like any spool).  The child ignores SIGINT and SIGTERM (the training process finishes
+retry, degraded state and spool work exactly as in one process.  A second pipe carries the
+child's answers back: acknowledgements (this item is delivered or spooled, for this sink) and the
+replies to ``flush()`` and ``finish()`` (the child's per-sink counts).  Until its acknowledgement
+the training process keeps each item; if the child dies, every unacknowledged item, and what
+comes after, is spooled by the training process (``<sink>.link.jsonl``, replayed like any spool):
+at least once, never lost (an item delivered in the last ~50 ms before a crash may arrive twice).
+The child ignores SIGINT and SIGTERM (the training process finishes
 the run and then tells it to finish) and finishes on its own when the training process is gone.
 
 ``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the bridges in the training process instead (for
@@ -35,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -51,6 +54,7 @@ from otel_tracking.values import decode_others, encode_others
 logger = logging.getLogger("otel_tracking")
 
 _STOP = object()
+_ACK_INTERVAL_S = 0.05
 _GRACE_S = 10.0  # beyond the finish deadline, for the child to close its backends and answer
 _TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not
 _NICE = 10  # the child yields the CPU to the training loop
@@ -76,11 +80,16 @@ class BridgeProcess:
         self.settings = settings
         self.sinks: dict[str, RemoteSink] = {}
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=settings.delivery.queue_size)
-        self._lock = threading.Lock()  # guards the open message
+        self._lock = threading.Lock()  # guards the open message (the training thread takes it: keep it short)
+        self._ack_lock = threading.Lock()  # guards what is unacknowledged, and _dead
         self._send_lock = threading.Lock()  # one writer on the pipe (it may block: never under _lock)
         self._last: _Message | None = None
+        self._seq = 0
+        self._unacked: dict[int, tuple[_Message, set[str]]] = {}  # sent, not yet done for these sinks
+        self._replies: queue.Queue[Any] = queue.Queue()
         self._dead = False
         self._finished = False
+        self._finished_ok = False  # the child answered "finished": its exit is not a death
         self._stats: dict[str, dict[str, int]] = {}
         to_child_r, self._to_child_w = os.pipe()
         self._from_child_r, from_child_w = os.pipe()
@@ -104,6 +113,7 @@ class BridgeProcess:
         self._to_child = Connection(self._to_child_w, readable=False)
         self._from_child = Connection(self._from_child_r, writable=False)
         self._thread: threading.Thread | None = None
+        self._reader: threading.Thread | None = None
 
     # --- start -----------------------------------------------------------------------------------
 
@@ -114,7 +124,7 @@ class BridgeProcess:
         # sys.argv too: trackers record the training script (MLflow's source tags, wandb's program).
         opening = ("open", settings, _picklable(redact_config(config)), list(names), resumes or {}, list(sys.argv))
         self._send(opening)
-        reply = self._receive(timeout_s=None)
+        reply = self._read()
         if reply is None or reply[0] != "ready":
             self._reap(timeout_s=5.0)
             if reply is None:
@@ -128,6 +138,8 @@ class BridgeProcess:
             self.sinks[name] = RemoteSink(self, name, info)
         self._thread = threading.Thread(target=self._send_loop, name="otel-tracking-bridges", daemon=True)
         self._thread.start()
+        self._reader = threading.Thread(target=self._read_loop, name="otel-tracking-bridges-acks", daemon=True)
+        self._reader.start()
         return [self.sinks[name] for name in names]
 
     # --- the training thread's side --------------------------------------------------------------
@@ -154,41 +166,92 @@ class BridgeProcess:
                     return
                 with self._lock:
                     message.sealed = True
-                if self._dead:
+                with self._ack_lock:
+                    dead = self._dead
+                    if not dead:  # kept until acknowledged: registered before it can arrive
+                        self._seq += 1
+                        seq = self._seq
+                        self._unacked[seq] = (message, set(message.names))
+                if dead:
                     self._set_aside(message)
                     continue
                 try:
-                    self._send(_encode(message))
+                    self._send(_encode(seq, message))
                 except (OSError, EOFError):
-                    self._dead = True
-                    logger.warning(
-                        "otel-tracking: the bridge process is gone (exit code %s); what it did not get is "
-                        "spooled for `otel-tracking replay`",
-                        self.process.poll(),
-                    )
-                    self._set_aside(message)
+                    self._child_gone()
                 except Exception:
                     logger.exception("otel-tracking: could not hand %s to the bridge process", message.kind)
+                    with self._ack_lock:
+                        self._unacked.pop(seq, None)
                     self._set_aside(message)
             finally:
                 self._queue.task_done()
 
-    def _set_aside(self, message: _Message) -> None:
-        for name in message.names:
+    def _set_aside(self, message: _Message, names: Sequence[str] | None = None) -> None:
+        for name in message.names if names is None else names:
             self.sinks[name].spool_item(message.kind, message.payload)
+
+    # --- the reader thread: acknowledgements and replies -----------------------------------------
+
+    def _read_loop(self) -> None:
+        while True:
+            message = self._read()
+            if message is None:
+                with contextlib.suppress(OSError):
+                    self._from_child.close()
+                if not self._finished_ok:
+                    self._child_gone()
+                self._replies.put(None)
+                return
+            if message[0] == "acks":
+                with self._ack_lock:
+                    for seq, name in message[1]:
+                        entry = self._unacked.get(seq)
+                        if entry is not None:
+                            entry[1].discard(name)
+                            if not entry[1]:
+                                del self._unacked[seq]
+                continue
+            if message[0] == "finished":  # every backend finished: nothing is pending any more
+                self._finished_ok = True
+                with self._ack_lock:
+                    self._unacked.clear()
+            self._replies.put(message)
+
+    def _child_gone(self) -> None:
+        """The child died: spool everything it had not acknowledged, once."""
+        with self._ack_lock:
+            if self._dead:
+                return
+            self._dead = True
+            pending = list(self._unacked.values())
+            self._unacked.clear()
+        logger.warning(
+            "otel-tracking: the bridge process is gone (exit code %s); %d item(s) it had not delivered, and "
+            "everything after, are spooled for `otel-tracking replay`",
+            self.process.poll(),
+            len(pending),
+        )
+        for message, names in pending:
+            self._set_aside(message, sorted(names))
 
     def _send(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self._send_lock:
             self._to_child.send_bytes(data)
 
-    def _receive(self, timeout_s: float | None) -> Any:
-        """The child's next answer; None when it is gone or did not answer in time."""
+    def _read(self) -> Any:
+        """The child's next message; None once it is gone."""
         try:
-            if timeout_s is not None and not self._from_child.poll(timeout_s):
-                return None
             return pickle.loads(self._from_child.recv_bytes())
         except (OSError, EOFError):
+            return None
+
+    def _receive(self, timeout_s: float) -> Any:
+        """The child's next reply (the reader thread passes it on); None when it is gone or late."""
+        try:
+            return self._replies.get(timeout=timeout_s)
+        except queue.Empty:
             return None
 
     def _drain(self, timeout_s: float) -> bool:
@@ -205,7 +268,7 @@ class BridgeProcess:
         try:
             self._send(message)
         except (OSError, EOFError):
-            self._dead = True
+            self._child_gone()
             return None
         return self._receive(timeout_s)
 
@@ -245,19 +308,25 @@ class BridgeProcess:
             return
         if not self._dead:
             logger.warning(
-                "otel-tracking: the bridge process did not finish within %.0f s; stopping it (its spool "
-                "holds what it had not delivered)",
+                "otel-tracking: the bridge process did not finish within %.0f s; stopping it",
                 timeout_s + _GRACE_S,
             )
         self._reap(timeout_s=_GRACE_S)
+        if self._reader is not None:  # it sees the pipe close and spools what was unacknowledged
+            self._reader.join(_GRACE_S)
+        self._child_gone()  # (if it could not)
 
     def child_stats(self, name: str) -> dict[str, int]:
         return self._stats.get(name, {})
 
     def _close(self) -> None:
-        for connection in (self._to_child, self._from_child):
+        # Only the sending end: the reader thread closes its own end when the child has gone (closing
+        # a descriptor another thread is reading could hand its number to a file opened meanwhile).
+        with contextlib.suppress(OSError):
+            self._to_child.close()
+        if self._reader is None:
             with contextlib.suppress(OSError):
-                connection.close()
+                self._from_child.close()
 
     def _reap(self, timeout_s: float) -> None:
         self._close()
@@ -286,7 +355,9 @@ class RemoteSink(Sink):
         self.link = link
         self._spool: Spool | None = None
 
-    def start(self, spool: Spool | None, policy: Policy | None = None) -> None:
+    def start(
+        self, spool: Spool | None, policy: Policy | None = None, done: Callable[[Any], None] | None = None
+    ) -> None:
         if spool is not None:  # the child spools to <sink>.jsonl; this side, only when the link fails
             spool = Spool(spool.path.with_suffix(".link.jsonl"), spool.header)
         self._spool = spool
@@ -334,15 +405,15 @@ def start_bridges(
 # --- encoding --------------------------------------------------------------------------------------
 
 
-def _encode(message: _Message) -> tuple[Any, ...]:
+def _encode(seq: int, message: _Message) -> tuple[Any, ...]:
     names = tuple(message.names)
     payload = message.payload
     if message.kind == "metrics":
         others = encode_others(payload.others) if payload.others else None
-        return ("metrics", names, payload.step, dict(payload.scalars), others, payload.time_ns)
+        return ("metrics", seq, names, payload.step, dict(payload.scalars), others, payload.time_ns)
     if message.kind == "spans":
-        return ("spans", names, encode_spans(payload))
-    return ("logs", names, encode_logs(payload))
+        return ("spans", seq, names, encode_spans(payload))
+    return ("logs", seq, names, encode_logs(payload))
 
 
 def _picklable(config: Any) -> Any:
@@ -380,7 +451,8 @@ def _fileno(stream: Any) -> int | None:
 
 def serve(inbox: Connection, outbox: Connection) -> int:
     """The bridge process: open the bridges, feed them until told to finish (or the training
-    process is gone), then finish them and report the counts."""
+    process is gone), acknowledging every item once each sink is done with it, then finish them
+    and report the counts."""
     from otel_tracking.registry import build_checked_sink
     from otel_tracking.run import build_resource, sink_spool
 
@@ -388,9 +460,7 @@ def serve(inbox: Connection, outbox: Connection) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(_NICE)
-
-    def answer(message: Any) -> None:
-        outbox.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    replies = _Outbox(outbox)
 
     _, settings, config, names, resumes, argv = pickle.loads(inbox.recv_bytes())
     sys.argv = argv
@@ -401,11 +471,11 @@ def serve(inbox: Connection, outbox: Connection) -> int:
             sinks[name] = build_checked_sink(name, settings, config, resumes.get(name))
     except Exception as error:
         finish_sinks(list(sinks.values()), 1, time.monotonic() + 5.0)
-        answer(("error", type(error).__name__, str(error)))
+        replies.send(("error", type(error).__name__, str(error)))
         return 1
     for sink in sinks.values():
-        sink.start(sink_spool(sink, settings, parent), settings.delivery)
-    answer(
+        sink.start(sink_spool(sink, settings, parent), settings.delivery, done=replies.acknowledge)
+    replies.send(
         (
             "ready",
             {
@@ -420,6 +490,7 @@ def serve(inbox: Connection, outbox: Connection) -> int:
             },
         )
     )
+    replies.start()
     resource = build_resource(settings)
     while True:
         try:
@@ -431,26 +502,65 @@ def serve(inbox: Connection, outbox: Connection) -> int:
         except (OSError, EOFError):
             break
         kind = message[0]
-        if kind == "metrics":
-            _, targets, step, scalars, others, time_ns = message
-            batch = StepBatch(resource, step, scalars, decode_others(others) if others else {}, time_ns)
-            for name in targets:
-                sinks[name].export_metrics(batch)
-        elif kind in ("spans", "logs"):
-            items = decode_spans(message[2]) if kind == "spans" else decode_logs(message[2])
-            for name in message[1]:
-                (sinks[name].export_spans if kind == "spans" else sinks[name].export_logs)(items)
+        if kind in ("metrics", "spans", "logs"):
+            seq, targets = message[1], message[2]
+            if kind == "metrics":
+                step, scalars, others, time_ns = message[3:]
+                payload: Any = StepBatch(resource, step, scalars, decode_others(others) if others else {}, time_ns)
+            else:
+                payload = decode_spans(message[3]) if kind == "spans" else decode_logs(message[3])
+            for name in targets:  # the training process already chose the sinks (and events) for it
+                worker = sinks[name].worker
+                assert worker is not None
+                worker.submit(kind, payload, token=(seq, name))
         elif kind == "flush":
             deadline = time.monotonic() + message[1]
-            answer(("flushed", all([s.flush(max(0.0, deadline - time.monotonic())) for s in sinks.values()])))
+            replies.send(("flushed", all([s.flush(max(0.0, deadline - time.monotonic())) for s in sinks.values()])))
         elif kind == "finish":
             finish_sinks(list(sinks.values()), message[1], time.monotonic() + message[2])
-            answer(("finished", {name: sink.stats.as_dict() for name, sink in sinks.items()}))
+            replies.send(("finished", {name: sink.stats.as_dict() for name, sink in sinks.items()}))
             _exit_after(_TEARDOWN_S)
             return 0
     # The training process ended without finishing the run: deliver what arrived, as a crash.
     finish_sinks(list(sinks.values()), 1, time.monotonic() + settings.finish_timeout_s)
     return 1
+
+
+class _Outbox:
+    """The child's answers to the training process: replies, and the acknowledgements the sinks'
+    workers report, sent together every ``_ACK_INTERVAL_S`` by one small thread."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+        self._acks: list[tuple[int, str]] = []
+
+    def acknowledge(self, token: tuple[int, str]) -> None:
+        with self._lock:
+            self._acks.append(token)
+
+    def send(self, message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._send_acks()  # acknowledgements first: a reply never overtakes them
+            self._connection.send_bytes(data)
+
+    def _send_acks(self) -> None:
+        if self._acks:
+            acks, self._acks = self._acks, []
+            self._connection.send_bytes(pickle.dumps(("acks", acks), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="otel-tracking-acks", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(_ACK_INTERVAL_S)
+            try:
+                with self._lock:
+                    self._send_acks()
+            except OSError:
+                return
 
 
 def _exit_after(seconds: float) -> None:

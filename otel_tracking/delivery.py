@@ -90,7 +90,9 @@ def read_spool(path: Path) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
 
 class Worker:
     """The queue and thread of one sink.  ``deliver(kind, payload) -> bool`` is the sink's guarded
-    export call; ``count(field, n)`` updates the sink's stats."""
+    export call; ``count(field, n)`` updates the sink's stats; ``done(token)``, when given, hears
+    of every submitted item that reached its end (delivered, spooled or dropped), by the token it
+    was submitted with."""
 
     def __init__(
         self,
@@ -99,10 +101,12 @@ class Worker:
         count: Callable[[str, int], None],
         spool: Spool | None,
         policy: Policy | None = None,
+        done: Callable[[Any], None] | None = None,
     ) -> None:
         self.name = name
         self._deliver = deliver
         self._count = count
+        self._done = done
         self.spool = spool
         self.policy = policy or Policy()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.policy.queue_size)
@@ -113,11 +117,12 @@ class Worker:
 
     # --- the training thread's side --------------------------------------------------------------
 
-    def submit(self, kind: str, payload: Any) -> None:
+    def submit(self, kind: str, payload: Any, token: Any = None) -> None:
         try:
-            self._queue.put_nowait((kind, payload))
+            self._queue.put_nowait((kind, payload, token))
         except queue.Full:
             self._set_aside(kind, payload)
+            self._finished([token])
 
     # --- the worker's side -----------------------------------------------------------------------
 
@@ -129,11 +134,11 @@ class Worker:
             if item is _STOP:
                 self._queue.task_done()
                 return
-            kind, payload = item
-            taken = 1
+            kind, payload, token = item
+            tokens = [token]
             if kind in _MERGEABLE:  # take the run of same-kind items behind it, up to _MAX_MERGE
                 payload = list(payload)
-                while taken < _MAX_MERGE:
+                while len(tokens) < _MAX_MERGE:
                     try:
                         nxt = self._queue.get_nowait()
                     except queue.Empty:
@@ -142,10 +147,16 @@ class Worker:
                         pending = nxt
                         break
                     payload.extend(nxt[1])
-                    taken += 1
+                    tokens.append(nxt[2])
             self._handle(kind, payload)
-            for _ in range(taken):
+            self._finished(tokens)
+            for _ in tokens:
                 self._queue.task_done()
+
+    def _finished(self, tokens: list[Any]) -> None:
+        if self._done is not None:
+            for token in tokens:
+                self._done(token)
 
     def _handle(self, kind: str, payload: Any) -> None:
         try:
@@ -207,7 +218,9 @@ class Worker:
             except queue.Empty:
                 break
             if item is not _STOP:
-                self._set_aside(*item)
+                kind, payload, token = item
+                self._set_aside(kind, payload)
+                self._finished([token])
             self._queue.task_done()
         self._queue.put(_STOP)
         self._thread.join(max(0.1, deadline - time.monotonic()))

@@ -80,10 +80,13 @@ class Sink:
         self._warned = False
         self._finished = False
 
-    def start(self, spool: Spool | None, policy: Policy | None = None) -> None:
-        """Give a non-inline sink its worker (the run does this once its spool path is known)."""
+    def start(
+        self, spool: Spool | None, policy: Policy | None = None, done: Callable[[Any], None] | None = None
+    ) -> None:
+        """Give a non-inline sink its worker (the run does this once its spool path is known);
+        ``done(token)`` hears when each item submitted with a token reached its end."""
         if not self.inline and self.worker is None:
-            self.worker = Worker(self.name, self.deliver, self.count, spool, policy)
+            self.worker = Worker(self.name, self.deliver, self.count, spool, policy, done)
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until what was handed to this sink so far is delivered or spooled."""
