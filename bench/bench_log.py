@@ -136,13 +136,17 @@ class Case:
     notes: list[str] = field(default_factory=list)
 
 
+# every local backend each implementation supports (the reference's TensorBoard needs torch)
+ALL_OURS = ["file", "console", "mlflow", "tensorboard", "wandb", "swanlab", "clearml", "trackio"]
+ALL_REFERENCE = ["file", "console", "mlflow", "wandb", "swanlab", "clearml", "trackio"]
+
 CASES = {
     "a": Case("file+console", ["file", "console"], ["file", "console"]),
     "b": Case("file+console+MLflow (sqlite)", ["file", "console", "mlflow"], ["file", "console", "mlflow"]),
     "c": Case(
         "all local backends",
-        ["file", "console", "mlflow", "tensorboard", "wandb", "swanlab", "clearml", "trackio"],
-        ["file", "console", "mlflow", "wandb", "swanlab", "clearml", "trackio"],
+        ALL_OURS,
+        ALL_REFERENCE,
         notes=["the reference's TensorBoard adapter needs torch (not installed): it runs without tensorboard"],
     ),
     "d": Case(
@@ -163,8 +167,8 @@ CASES = {
     ),
     "f": Case(
         "all local backends, paced",
-        ["file", "console", "mlflow", "tensorboard", "wandb", "swanlab", "clearml", "trackio"],
-        ["file", "console", "mlflow", "wandb", "swanlab", "clearml", "trackio"],
+        ALL_OURS,
+        ALL_REFERENCE,
         drain_s=0.0,
         paced=True,
     ),

@@ -44,7 +44,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from otel_tracking.codec import decode_logs, decode_spans, encode_logs, encode_spans
-from otel_tracking.delivery import Policy, Spool
+from otel_tracking.delivery import Policy, Spool, set_aside, wait_handled
 from otel_tracking.pipeline import Sink, finish_sinks
 from otel_tracking.redact import redact_config
 from otel_tracking.settings import ConfigError, Settings
@@ -254,14 +254,6 @@ class BridgeProcess:
         except queue.Empty:
             return None
 
-    def _drain(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
-
     def _request(self, message: Any, timeout_s: float) -> Any:
         if self._dead:
             return None
@@ -276,7 +268,7 @@ class BridgeProcess:
 
     def flush(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
-        if not self._drain(timeout_s):
+        if not wait_handled(self._queue, timeout_s):
             return False
         reply = self._request(("flush", max(0.0, deadline - time.monotonic())), timeout_s + _GRACE_S)
         return bool(reply and reply[1])
@@ -287,7 +279,7 @@ class BridgeProcess:
             return
         self._finished = True
         deadline = time.monotonic() + timeout_s
-        self._drain(timeout_s)
+        wait_handled(self._queue, timeout_s)
         self._queue.put(_STOP)  # past the deadline, what is still queued is spooled below
         if self._thread is not None:
             self._thread.join(max(0.1, deadline - time.monotonic()))
@@ -366,16 +358,7 @@ class RemoteSink(Sink):
         self.link.submit(self.name, kind, payload)
 
     def spool_item(self, kind: str, payload: Any) -> None:
-        n = 1 if kind == "metrics" else len(payload)
-        if self._spool is None:
-            self.count("dropped", n)
-            return
-        try:
-            self._spool.write(kind, payload)
-            self.count("spooled", n)
-        except Exception:
-            logger.exception("otel-tracking: sink %r could not spool; data dropped", self.name)
-            self.count("dropped", n)
+        set_aside(self.name, self._spool, kind, payload, self.count)
 
     def flush(self, timeout_s: float) -> bool:
         return self.link.flush(timeout_s)

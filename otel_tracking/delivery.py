@@ -88,6 +88,31 @@ def read_spool(path: Path) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     return header, items
 
 
+def wait_handled(items: queue.Queue[Any], timeout_s: float) -> bool:
+    """Wait until every item put in ``items`` so far was marked done; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while items.unfinished_tasks:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def set_aside(sink: str, spool: Spool | None, kind: str, payload: Any, count: Callable[[str, int], None]) -> None:
+    """Keep what a sink cannot deliver now in its spool (counted ``spooled``); with no spool, or
+    one that cannot be written, the items are lost and counted ``dropped``."""
+    n = len(payload) if kind in _MERGEABLE else 1
+    if spool is None:
+        count("dropped", n)
+        return
+    try:
+        spool.write(kind, payload)
+        count("spooled", n)
+    except Exception:
+        logger.exception("otel-tracking: sink %r could not spool; data dropped", sink)
+        count("dropped", n)
+
+
 class Worker:
     """The queue and thread of one sink.  ``deliver(kind, payload) -> bool`` is the sink's guarded
     export call; ``count(field, n)`` updates the sink's stats; ``done(token)``, when given, hears
@@ -185,27 +210,13 @@ class Worker:
         self._set_aside(kind, payload)
 
     def _set_aside(self, kind: str, payload: Any) -> None:
-        n = len(payload) if kind in _MERGEABLE else 1
-        if self.spool is None:
-            self._count("dropped", n)
-            return
-        try:
-            self.spool.write(kind, payload)
-            self._count("spooled", n)
-        except Exception:
-            logger.exception("otel-tracking: sink %r could not spool; data dropped", self.name)
-            self._count("dropped", n)
+        set_aside(self.name, self.spool, kind, payload, self._count)
 
     # --- the end ---------------------------------------------------------------------------------
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything submitted so far was handled; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
+        return wait_handled(self._queue, timeout_s)
 
     def stop(self, timeout_s: float) -> None:
         """Drain (one attempt per item) until the deadline; spool what is left; end the thread."""

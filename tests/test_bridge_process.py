@@ -52,6 +52,17 @@ def _run_of(tmp_path: Path, project: str) -> tuple[object, object]:
     return client, mlflow_reader.only_run(client, experiment.experiment_id)
 
 
+def _replay(spool: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "replay", str(spool)],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 def _loss(step: int) -> float:
     return 1.0 / (step + 1)
 
@@ -157,14 +168,7 @@ def test_bridge_process_killed_training_goes_on_and_replay_delivers_the_rest(
     link_spool = list((isolated / "spool").rglob("mlflow.link.jsonl"))
     assert len(link_spool) == 1
 
-    replay = subprocess.run(
-        [sys.executable, "-m", "otel_tracking", "replay", str(isolated / "spool")],
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert replay.returncode == 0, replay.stderr
+    _replay(isolated / "spool")
     client, run = _run_of(isolated, "proj")  # the same run: replay reattached to it
     assert mlflow_reader.metric_triples(client, run.info.run_id) == [("loss", s, _loss(s)) for s in range(20)]
 
@@ -189,14 +193,7 @@ def test_bridge_process_killed_with_a_backlog_loses_nothing(isolated: Path, monk
     stats = tracking.finish()
     assert stats["mlflow"]["spooled"] >= backlog + 10, (backlog, stats)
 
-    replay = subprocess.run(
-        [sys.executable, "-m", "otel_tracking", "replay", str(isolated / "spool")],
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert replay.returncode == 0, replay.stderr
+    _replay(isolated / "spool")
     client, run = _run_of(isolated, "proj")
     expected = sorted((key, step, step + i / 100) for step in range(310) for i, key in enumerate(keys))
     assert mlflow_reader.metric_triples(client, run.info.run_id) == expected
