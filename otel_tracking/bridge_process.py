@@ -18,8 +18,8 @@ replies to ``flush()`` and ``finish()`` (the child's per-sink counts).  Until it
 the training process keeps each item; if the child dies, every unacknowledged item, and what
 comes after, is spooled by the training process (``<sink>.link.jsonl``, replayed like any spool):
 at least once, never lost (an item delivered in the last ~50 ms before a crash may arrive twice).
-The child ignores SIGINT and SIGTERM (the training process finishes
-the run and then tells it to finish) and finishes on its own when the training process is gone.
+The child ignores SIGINT and SIGTERM (the training process finishes the run and then tells it to
+finish) and finishes on its own when the training process is gone.
 
 ``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the bridges in the training process instead (for
 trackers' console capture of the training process's own output, see the README).
@@ -121,7 +121,7 @@ class BridgeProcess:
         """Build the named bridges in the child; their remote sinks, in order.  A bridge that cannot
         start raises here, as it would in one process."""
         settings = replace(self.settings, env=dict(self.settings.env))
-        # sys.argv too: trackers record the training script (MLflow's source tags, wandb's program).
+        # sys.argv too: trackers record the training script (MLflow's source tags).
         opening = ("open", settings, _picklable(redact_config(config)), list(names), resumes or {}, list(sys.argv))
         self._send(opening)
         reply = self._read()
@@ -247,14 +247,19 @@ class BridgeProcess:
         except (OSError, EOFError):
             return None
 
-    def _receive(self, timeout_s: float) -> Any:
-        """The child's next reply (the reader thread passes it on); None when it is gone or late."""
-        try:
-            return self._replies.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
+    def _receive(self, expected: str, timeout_s: float) -> Any:
+        """The child's reply of the ``expected`` kind (the reader thread passes replies on; one to an
+        earlier request that timed out is skipped); None when the child is gone or late."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if reply is None or reply[0] == expected:
+                return reply
 
-    def _request(self, message: Any, timeout_s: float) -> Any:
+    def _request(self, message: Any, expected: str, timeout_s: float) -> Any:
         if self._dead:
             return None
         try:
@@ -262,7 +267,7 @@ class BridgeProcess:
         except (OSError, EOFError):
             self._child_gone()
             return None
-        return self._receive(timeout_s)
+        return self._receive(expected, timeout_s)
 
     # --- the end ---------------------------------------------------------------------------------
 
@@ -270,7 +275,7 @@ class BridgeProcess:
         deadline = time.monotonic() + timeout_s
         if not wait_handled(self._queue, timeout_s):
             return False
-        reply = self._request(("flush", max(0.0, deadline - time.monotonic())), timeout_s + _GRACE_S)
+        reply = self._request(("flush", max(0.0, deadline - time.monotonic())), "flushed", timeout_s + _GRACE_S)
         return bool(reply and reply[1])
 
     def finish(self, exit_code: int, timeout_s: float) -> None:
@@ -290,8 +295,9 @@ class BridgeProcess:
                 break
             if message is not _STOP:
                 self._set_aside(message)
-        reply = self._request(("finish", exit_code, max(0.0, deadline - time.monotonic())), timeout_s + _GRACE_S)
-        if reply is not None and reply[0] == "finished":
+        remaining = max(0.0, deadline - time.monotonic())
+        reply = self._request(("finish", exit_code, remaining), "finished", timeout_s + _GRACE_S)
+        if reply is not None:
             self._stats = reply[1]
             # Every backend is finished: the child's interpreter teardown (seconds, for MLflow's
             # imports) is none of the training loop's business.  Reap it in the background.
