@@ -451,7 +451,8 @@ def main() -> int:
     if args.add_to:  # this run's cases (and memory, if measured) into a saved report
         saved = json.loads(args.add_to.read_text())
         saved["cases"].update(report["cases"])
-        saved.update({k: v for k, v in report.items() if k == "memory"})
+        if "memory" in report:
+            saved["memory"] = report["memory"]
         report = saved
     text = render(report)
     print(text)

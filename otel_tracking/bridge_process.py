@@ -45,7 +45,7 @@ from typing import Any
 
 from otel_tracking.codec import decode_logs, decode_spans, encode_logs, encode_spans
 from otel_tracking.delivery import Policy, Spool, set_aside, wait_handled
-from otel_tracking.pipeline import Sink, finish_sinks
+from otel_tracking.pipeline import Sink, finish_sinks, flush_sinks
 from otel_tracking.redact import redact_config
 from otel_tracking.settings import ConfigError, Settings
 from otel_tracking.steps import StepBatch
@@ -117,12 +117,12 @@ class BridgeProcess:
 
     # --- start -----------------------------------------------------------------------------------
 
-    def open(self, names: Sequence[str], config: Any, resumes: dict[str, Any] | None = None) -> list[RemoteSink]:
+    def open(self, names: Sequence[str], config: Any) -> list[RemoteSink]:
         """Build the named bridges in the child; their remote sinks, in order.  A bridge that cannot
         start raises here, as it would in one process."""
         settings = replace(self.settings, env=dict(self.settings.env))
         # sys.argv too: trackers record the training script (MLflow's source tags).
-        opening = ("open", settings, _picklable(redact_config(config)), list(names), resumes or {}, list(sys.argv))
+        opening = ("open", settings, _picklable(redact_config(config)), list(names), list(sys.argv))
         self._send(opening)
         reply = self._read()
         if reply is None or reply[0] != "ready":
@@ -380,12 +380,10 @@ class RemoteSink(Sink):
             self._spool.close()
 
 
-def start_bridges(
-    names: Sequence[str], settings: Settings, config: Any, resumes: dict[str, Any] | None = None
-) -> list[RemoteSink]:
+def start_bridges(names: Sequence[str], settings: Settings, config: Any) -> list[RemoteSink]:
     link = BridgeProcess(settings)
     try:
-        return link.open(names, config, resumes)
+        return link.open(names, config)
     except BaseException:
         link._reap(timeout_s=5.0)
         raise
@@ -451,13 +449,13 @@ def serve(inbox: Connection, outbox: Connection) -> int:
         os.nice(_NICE)
     replies = _Outbox(outbox)
 
-    _, settings, config, names, resumes, argv = pickle.loads(inbox.recv_bytes())
+    _, settings, config, names, argv = pickle.loads(inbox.recv_bytes())
     sys.argv = argv
     parent = os.getppid()
     sinks: dict[str, Sink] = {}
     try:
         for name in names:
-            sinks[name] = build_checked_sink(name, settings, config, resumes.get(name))
+            sinks[name] = build_checked_sink(name, settings, config)
     except Exception as error:
         finish_sinks(list(sinks.values()), 1, time.monotonic() + 5.0)
         replies.send(("error", type(error).__name__, str(error)))
@@ -504,7 +502,7 @@ def serve(inbox: Connection, outbox: Connection) -> int:
                 worker.submit(kind, payload, token=(seq, name))
         elif kind == "flush":
             deadline = time.monotonic() + message[1]
-            replies.send(("flushed", all([s.flush(max(0.0, deadline - time.monotonic())) for s in sinks.values()])))
+            replies.send(("flushed", flush_sinks(list(sinks.values()), deadline)))
         elif kind == "finish":
             finish_sinks(list(sinks.values()), message[1], time.monotonic() + message[2])
             replies.send(("finished", {name: sink.stats.as_dict() for name, sink in sinks.items()}))

@@ -147,7 +147,7 @@ class Worker:
             self._queue.put_nowait((kind, payload, token))
         except queue.Full:
             self._set_aside(kind, payload)
-            self._finished([token])
+            self._report_done([token])
 
     # --- the worker's side -----------------------------------------------------------------------
 
@@ -174,11 +174,11 @@ class Worker:
                     payload.extend(nxt[1])
                     tokens.append(nxt[2])
             self._handle(kind, payload)
-            self._finished(tokens)
+            self._report_done(tokens)
             for _ in tokens:
                 self._queue.task_done()
 
-    def _finished(self, tokens: list[Any]) -> None:
+    def _report_done(self, tokens: list[Any]) -> None:
         if self._done is not None:
             for token in tokens:
                 self._done(token)
@@ -231,7 +231,7 @@ class Worker:
             if item is not _STOP:
                 kind, payload, token = item
                 self._set_aside(kind, payload)
-                self._finished([token])
+                self._report_done([token])
             self._queue.task_done()
         self._queue.put(_STOP)
         self._thread.join(max(0.1, deadline - time.monotonic()))

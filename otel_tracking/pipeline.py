@@ -180,11 +180,16 @@ class Sink:
                 self._count_failure("finish", error)
 
 
+def flush_sinks(sinks: Sequence[Sink], deadline: float) -> bool:
+    """Wait for every sink's queue at once until ``deadline`` (monotonic); False if one was not
+    empty by then (every sink is waited for, none skipped)."""
+    return all([sink.flush(max(0.0, deadline - time.monotonic())) for sink in sinks])
+
+
 def finish_sinks(sinks: Sequence[Sink], exit_code: int, deadline: float) -> None:
     """Drain every sink's queue at once, then finish them one by one; ``deadline`` (monotonic)
     bounds the total, and what is still queued then is spooled."""
-    for sink in sinks:
-        sink.flush(max(0.0, deadline - time.monotonic()))
+    flush_sinks(sinks, deadline)
     for sink in sinks:
         sink.finish(exit_code, timeout_s=max(0.0, deadline - time.monotonic()))
 

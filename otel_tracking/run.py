@@ -35,7 +35,7 @@ from opentelemetry.trace import Tracer
 
 from otel_tracking import __version__
 from otel_tracking.delivery import Spool
-from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks
+from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks, flush_sinks
 from otel_tracking.redact import is_secret_key
 from otel_tracking.settings import Settings
 from otel_tracking.steps import LatestValues, StepBatch
@@ -200,7 +200,7 @@ class Run:
         deadline = time.monotonic() + timeout_s
         self.tracer_provider.force_flush()
         self.logger_provider.force_flush()
-        return all([sink.flush(max(0.0, deadline - time.monotonic())) for sink in self.all_sinks])
+        return flush_sinks(self.all_sinks, deadline)
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {sink.name: sink.stats.as_dict() for sink in self.all_sinks}
