@@ -35,7 +35,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking import settings
-from otel_tracking.spans import STEP_ATTRIBUTE
+from otel_tracking.spans import STEP_ATTRIBUTE, STEP_SPAN_NAME
 from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC, StepRecord
 from otel_tracking.values import decode_others
 
@@ -201,7 +201,7 @@ class BridgeSession(ABC):
 
     def write_spans(self, spans: Sequence[Any]) -> bool:
         ok = True
-        for span in spans:
+        for span in phase_spans(spans):
             ok = self.write_timing(*span_timing(span, self.last_step)) and ok
         return ok
 
@@ -351,6 +351,12 @@ def span_duration_s(span: Any) -> float:
 TIMING_PREFIX = "timing_s/state/"
 
 
+def phase_spans(spans: Sequence[Any]) -> list[Any]:
+    """The spans whose durations trackers receive as timing scalars: every ``trace_state`` phase,
+    not the driver's per-step root span (verl logs its own ``timing_s/step``)."""
+    return [span for span in spans if span.name != STEP_SPAN_NAME]
+
+
 def span_timing(span: Any, fallback_step: int) -> tuple[int, str, float]:
     """(step, key, seconds) for a finished ``trace_state`` span, as ML trackers receive it:
     ``timing_s/state/<span name>`` at the span's ``ml.step`` attribute (the step in progress
@@ -378,6 +384,7 @@ __all__: Sequence[str] = [
     "StepRecord",
     "bridge_parts",
     "hex_id",
+    "phase_spans",
     "sample_parts",
     "span_duration_s",
     "span_timing",

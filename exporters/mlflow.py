@@ -63,6 +63,7 @@ from otel_tracking.exporters._base import (
     Event,
     StepRecord,
     bridge_parts,
+    phase_spans,
     sample_parts,
     span_timing,
 )
@@ -259,7 +260,7 @@ class MlflowSession(BridgeSession):
         an MLflow trace span.  One failing does not keep the other from being tried."""
         ok = True
         by_step: dict[tuple[int, int], list[tuple[str, float]]] = {}
-        for span in spans:
+        for span in phase_spans(spans):
             step, key, seconds = span_timing(span, self._span_step)
             self._span_step = step
             end_ms = (span.end_time or time.time_ns()) // 1_000_000

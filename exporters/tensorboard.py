@@ -45,6 +45,7 @@ from otel_tracking.exporters._base import (
     Event,
     StepRecord,
     bridge_parts,
+    phase_spans,
     span_timing,
 )
 from otel_tracking.generations import GENERATIONS_EVENT
@@ -124,7 +125,7 @@ class TensorboardSession(BridgeSession):
         return True
 
     def write_spans(self, spans: Sequence[Any]) -> bool:
-        for span in spans:  # each timing at its span's end time
+        for span in phase_spans(spans):  # each timing at its span's end time
             step, key, seconds = span_timing(span, self.last_step)
             self.write_timing(step, key, seconds, span.end_time / 1e9 if span.end_time else None)
         return True

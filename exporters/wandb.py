@@ -47,6 +47,7 @@ from otel_tracking.exporters._base import (
     Event,
     StepRecord,
     bridge_parts,
+    phase_spans,
     sample_parts,
     span_timing,
 )
@@ -198,7 +199,7 @@ class WandbSession(BridgeSession):
     def write_spans(self, spans: Sequence[Any]) -> bool:
         """One ``log`` per step, in step order; spans without ``ml.step`` at the highest step logged."""
         by_step: dict[int, dict[str, float]] = {}
-        for span in spans:
+        for span in phase_spans(spans):
             step, key, seconds = span_timing(span, self.high_step or 0)
             by_step.setdefault(step, {})[key] = seconds
         ok = True

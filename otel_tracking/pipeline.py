@@ -62,6 +62,7 @@ class Sink:
         named_events_only: bool = False,
         inline: bool = False,
         resume: dict[str, Any] | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.name = name
         # ML bridges write an event (generations, tables) only when the caller named their backend
@@ -73,6 +74,7 @@ class Sink:
         self.where = where  # shown to the user at the end of a run: where this sink wrote
         self.inline = inline  # called on the caller's thread (file, console): on disk when log() returns
         self.resume = resume  # what replay needs to reattach to this backend's run (e.g. an MLflow run id)
+        self.policy = policy  # this sink's own retry policy, instead of the run's
         self._on_finish = on_finish
         self.stats = SinkStats()
         self.worker: Worker | None = None

@@ -47,10 +47,11 @@ class RLInsightLogger:
             return
         from otel_tracking.registry import build_otlp_sinks
         from otel_tracking.run import Run
+        from otel_tracking.worker import worker_settings
 
-        project = project_name or "rl_insight"
-        s = settings_module.build_settings(project, experiment_name or "run", (), force_otlp=True)
-        cls._run = Run(s, sinks=[], otlp_sinks=build_otlp_sinks(s))
+        # In a worker the identity comes from the caller's baggage or the environment, as for spans.
+        s = worker_settings(project=project_name, experiment=experiment_name, force_otlp=True)
+        cls._run = Run(s, sinks=[], otlp_sinks=build_otlp_sinks(s), driver=False)
         cls._owns_run = True
         cls._init_done = True
         if config is not None:

@@ -28,16 +28,21 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import Span, Tracer
 
 from otel_tracking import __version__
 from otel_tracking.delivery import Spool
+from otel_tracking.ids import ID_GENERATOR
 from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks, flush_sinks
+from otel_tracking.propagation import extract_env, has_span, step_from, with_identity
 from otel_tracking.redact import is_secret_key
 from otel_tracking.settings import Settings
+from otel_tracking.spans import STEP_SPAN_NAME
 from otel_tracking.steps import LatestValues, StepBatch
 from otel_tracking.values import split_values, to_step
 
@@ -57,6 +62,17 @@ def current_run() -> Run | None:
     return None
 
 
+def inherited_identity() -> dict[str, str]:
+    """The identity of the newest unfinished run this process inherited through ``fork()`` (a
+    DataLoader worker, a forked helper): its spans belong to that run."""
+    with _active_lock:
+        for ref in reversed(_active_runs):
+            run = ref()
+            if run is not None and not run.finished and run.pid != os.getpid():
+                return dict(run.identity)
+    return {}
+
+
 def build_resource(settings: Settings) -> Resource:
     attributes: dict[str, Any] = {
         "telemetry.sdk.language": "python",
@@ -73,10 +89,13 @@ def build_resource(settings: Settings) -> Resource:
             "ml.experiment": settings.experiment,
             "ml.run.id": settings.run_id,
             "host.name": settings.host,
+            "process.pid": os.getpid(),
         }
     )
     if settings.rank is not None:
         attributes["ml.rank"] = settings.rank
+    if settings.role:
+        attributes["ml.role"] = settings.role
     return Resource(attributes)
 
 
@@ -102,21 +121,34 @@ class Run:
         sinks: Sequence[Sink],
         otlp_sinks: Mapping[str, Sink] | None = None,
         periodic_sinks: Sequence[Sink] = (),
+        driver: bool = True,
     ) -> None:
         """``sinks`` get every log() call; ``otlp_sinks`` ("metrics"/"traces"/"logs") and
         ``periodic_sinks`` are observability exporters: spans and log records as they end, gauges
-        as a periodic export of the latest values."""
+        as a periodic export of the latest values.  A ``driver`` run (the one ``Tracking`` builds)
+        roots each step's trace in a step span; a worker run (see ``worker.py``) continues the
+        traces handed to it and leaves the process's signal handlers alone."""
         self.settings = settings
+        self.driver = driver
+        self.identity = {
+            "ml.project": settings.project,
+            "ml.experiment": settings.experiment,
+            "ml.run.id": settings.run_id,
+        }
         self.pid = os.getpid()
         self.resource = build_resource(settings)
         self.sinks = list(sinks)
         self.finished = False
         self.last_step: int | None = None
         self._finish_lock = threading.Lock()
+        self._step_lock = threading.Lock()
+        self._step_span: Span | None = None
+        self._step_started_ns = time.time_ns()  # a step's span starts where the previous step ended
+        self._env_context = None if driver else extract_env(settings.env)
         otlp_sinks = dict(otlp_sinks or {})
         self.observability_sinks = [*otlp_sinks.values(), *periodic_sinks]
         for sink in self.all_sinks:
-            sink.start(sink_spool(sink, settings, self.pid), settings.delivery)
+            sink.start(sink_spool(sink, settings, self.pid), sink.policy or settings.delivery)
 
         metric_sinks = [s for s in (otlp_sinks.get("metrics"), *periodic_sinks) if s is not None]
         self._latest = LatestValues() if metric_sinks else None
@@ -124,7 +156,7 @@ class Run:
             PeriodicExport(sink, self._snapshot, settings.otlp.metric_interval_s) for sink in metric_sinks
         ]
 
-        self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False)
+        self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False, id_generator=ID_GENERATOR)
         self.tracer_provider.add_span_processor(SinkSpanProcessor(self.all_sinks))
         self.logger_provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
         self.logger_provider.add_log_record_processor(SinkLogProcessor(self.all_sinks))
@@ -134,7 +166,8 @@ class Run:
         with _active_lock:
             _active_runs.append(weakref.ref(self))
         _at_exit(self)
-        _finish_on_sigterm()
+        if driver:
+            _finish_on_sigterm()
 
     @property
     def all_sinks(self) -> list[Sink]:
@@ -142,6 +175,44 @@ class Run:
 
     def _snapshot(self) -> Any:
         return self._latest.snapshot(self.resource) if self._latest is not None else None
+
+    # --- where spans hang ------------------------------------------------------------------------
+
+    def step_in_progress(self, ctx: Context | None = None) -> int | None:
+        """The step a span starting now belongs to: on the driver, one more than the last logged step
+        (phases run before the log() that closes their step); in a worker, the step the caller's
+        baggage names."""
+        if self.driver:
+            return 0 if self.last_step is None else self.last_step + 1
+        return step_from(ctx)
+
+    def parent_context(self, ctx: Context) -> Context:
+        """The context for a span that starts outside any other span (``ctx`` has none), with this
+        run's identity in its baggage: on the driver, the step span's (opened on first use, started
+        where the previous step ended); in a worker, the trace its environment names (TRACEPARENT)."""
+        if self.driver:
+            with self._step_lock:
+                if self._step_span is None:
+                    self._step_span = self.tracer.start_span(
+                        STEP_SPAN_NAME,
+                        context=Context(),  # a root: one trace per step
+                        attributes={"ml.step": self.step_in_progress()},
+                        start_time=self._step_started_ns,
+                    )
+                ctx = trace.set_span_in_context(self._step_span, ctx)
+        elif self._env_context is not None and not has_span(ctx):
+            ctx = self._env_context
+        return with_identity(self.identity, self.step_in_progress(ctx), ctx)
+
+    def _end_step(self, step: int | None, now_ns: int, **attributes: Any) -> None:
+        with self._step_lock:
+            span, self._step_span = self._step_span, None
+            self._step_started_ns = now_ns
+        if span is not None:
+            if step is not None:
+                span.set_attribute("ml.step", step)
+            span.set_attributes(attributes)
+            span.end(end_time=now_ns)
 
     # --- the hot path ----------------------------------------------------------------------------
 
@@ -164,6 +235,8 @@ class Run:
         if self._latest is not None:
             self._latest.update(step, scalars, now)
         self.last_step = step
+        if self._step_span is not None:
+            self._end_step(step, now)
 
     def emit_event(self, event_name: str, body: Any, attributes: Mapping[str, Any] | None = None) -> None:
         if self.finished or self.pid != os.getpid():
@@ -185,6 +258,7 @@ class Run:
         deadline = time.monotonic() + self.settings.finish_timeout_s
         for periodic in self._periodic:
             periodic.stop()
+        self._end_step(None, time.time_ns(), **{"ml.step.ended_by": "finish"})
         for provider in (self.tracer_provider, self.logger_provider):
             try:
                 provider.force_flush()

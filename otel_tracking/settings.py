@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from otel_tracking.delivery import Policy
 from otel_tracking.redact import redact_header_values
@@ -117,6 +118,7 @@ class Settings:
     spool_dir: Path = Path("spool")
     file_path: Path | None = None
     tensorboard_dir: Path | None = None
+    role: str | None = None  # ml.role: what this process does in the job (driver, actor, rollout, ...)
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -217,6 +219,7 @@ def build_settings(
         spool_dir=spool_dir(project, experiment, run_id, e),
         file_path=file_sink_path(project, experiment, e),
         tensorboard_dir=tensorboard_dir(project, experiment, e),
+        role=e.get("OTEL_TRACKING_ROLE") or None,
         env=e,
     )
 
@@ -296,6 +299,76 @@ def identity_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
     project = attributes.get("ml.project") or e.get("OTEL_SERVICE_NAME") or "otel-tracking"
     experiment = attributes.get("ml.experiment") or "run"
     return project, experiment
+
+
+def build_worker_settings(
+    identity: Mapping[str, str],
+    project: str | None = None,
+    experiment: str | None = None,
+    force_otlp: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> Settings:
+    """Settings for a process without ``Tracking`` (a Ray worker, a rollout server, a subprocess):
+    the run identity from the caller's baggage (``identity``), else from the environment
+    (``BAGGAGE``, ``OTEL_TRACKING_RUN_ID``, ``OTEL_RESOURCE_ATTRIBUTES`` with ``ml.project``, ``ml.experiment``,
+    ``ml.run.id``, as ``ray_tracing.runtime_env`` sets them), else defaults; explicit arguments win."""
+    from otel_tracking.propagation import extract_env, identity_from
+
+    e = dict(_env(env))
+    if not identity:  # a subprocess handed its context in TRACEPARENT / BAGGAGE
+        identity = identity_from(extract_env(e))
+    attributes: dict[str, str] = {}
+    if "OTEL_RESOURCE_ATTRIBUTES" in e:
+        attributes = parse_key_value_list(e["OTEL_RESOURCE_ATTRIBUTES"], "OTEL_RESOURCE_ATTRIBUTES")
+    default_project, default_experiment = identity_from_env(e)
+    run_id = identity.get("ml.run.id") or e.get("OTEL_TRACKING_RUN_ID") or attributes.get("ml.run.id")
+    if run_id:
+        e["OTEL_TRACKING_RUN_ID"] = run_id
+    return build_settings(
+        project or identity.get("ml.project") or default_project,
+        experiment or identity.get("ml.experiment") or default_experiment,
+        (),
+        env=e,
+        force_otlp=force_otlp,
+    )
+
+
+# What a worker process needs to export as the driver does: the OTLP and otel-tracking settings.
+# Header variables carry credentials: passed on only when asked (a node-local agent needs none).
+_PROPAGATED_PREFIXES = ("OTEL_EXPORTER_OTLP_", "OTEL_TRACKING_", "OTEL_METRIC_EXPORT_", "OTEL_BSP_", "OTEL_BLRP_")
+_PROPAGATED_NAMES = (
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_LOGS_EXPORTER",
+    "OTEL_PROPAGATORS",
+    "OTEL_SDK_DISABLED",
+    "VERL_RL_INSIGHT_ENABLE",
+)
+
+
+def propagated_env(
+    identity: Mapping[str, str], headers: bool = False, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The variables to hand a worker process (e.g. through a Ray ``runtime_env``): this process's
+    OTel and otel-tracking settings, plus the run identity (``OTEL_TRACKING_RUN_ID`` and
+    ``ml.project``/``ml.experiment``/``ml.run.id`` in ``OTEL_RESOURCE_ATTRIBUTES``)."""
+    e = _env(env)
+    out = {
+        name: value
+        for name, value in e.items()
+        if (name in _PROPAGATED_NAMES or name.startswith(_PROPAGATED_PREFIXES))
+        and (headers or not name.endswith("_HEADERS"))
+    }
+    out.pop("OTEL_TRACKING_ROLE", None)  # each worker says its own
+    if identity:
+        attributes = parse_key_value_list(out.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES")
+        attributes.update(identity)
+        out["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(f"{quote(k)}={quote(v)}" for k, v in attributes.items())
+        if identity.get("ml.run.id"):
+            out["OTEL_TRACKING_RUN_ID"] = identity["ml.run.id"]
+    return out
 
 
 def rl_insight_enabled(env: Mapping[str, str] | None = None) -> bool:

@@ -7,12 +7,20 @@
     def update(...): ...          # sync or async functions
 
 The span nests under whatever span is current (OTel context lives in contextvars, so each thread
-and each asyncio task has its own nesting), carries the lane as ``ml.lane`` and each label as
-``ml.label.<name>``, and is recorded by the most recent unfinished run of this process; with no
-run, by the global OpenTelemetry tracer (a no-op unless the app configured one).  The span's
-``ml.step`` attribute is the step in progress: one more than the run's last logged step (phases
-run before the ``log()`` that closes their step), or the ``step=`` label when one is given.  An exception
-inside the block marks the span as an error and propagates.
+and each asyncio task has its own nesting) and carries the lane as ``ml.lane`` and each label as
+``ml.label.<name>``.  It is recorded by the most recent unfinished run of this process; in a
+process without ``Tracking`` (a Ray worker, a rollout server) by the process's worker run
+(``worker.py``: OTLP per the standard variables), unless the application installed a global
+TracerProvider of its own, which then records it.
+
+Where a span hangs when no span is current: on the driver, under the step's root span (one trace
+per step, ``ml.step``); in a worker, under the trace it was handed (``propagation.attach``, the Ray
+helpers, or ``TRACEPARENT`` in its environment).  The span's ``ml.step`` attribute is the step in
+progress: one more than the run's last logged step on the driver (phases run before the ``log()``
+that closes their step), the step the caller's baggage names in a worker, or the ``step=`` label
+when one is given.  ``weight_version=`` becomes ``ml.weight_version``; ``links=`` (carriers,
+contexts or spans) become span links.  An exception inside the block marks the span as an error
+and propagates.
 """
 
 from __future__ import annotations
@@ -22,15 +30,21 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span
+from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
+from otel_tracking.propagation import extract, has_span, with_identity
 from otel_tracking.redact import REDACTED, is_secret_key
 from otel_tracking.values import to_step
 
 LANE_ATTRIBUTE = "ml.lane"
 LABEL_PREFIX = "ml.label."
 STEP_ATTRIBUTE = "ml.step"
+WEIGHT_VERSION_ATTRIBUTE = "ml.weight_version"
+# The root span of each step on the driver (``run.py``): the phases of every process serving the
+# step are its descendants.  ML bridges skip it: verl logs its own ``timing_s/step``.
+STEP_SPAN_NAME = "ml.step"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,29 +78,50 @@ class trace_state:
             raise ValueError(f"trace_state needs a non-empty state name, got {state_name!r}")
         self.state_name = state_name
         step = labels.pop("step", None)
+        weight_version = labels.pop("weight_version", None)
+        self.links = _links(labels.pop("links", None))
         self.attributes = state_attributes(state_lane_id, labels)
         if step is not None:
             self.attributes[STEP_ATTRIBUTE] = to_step(step)
-        self._managers: list[Any] = []
+        if weight_version is not None:
+            self.attributes[WEIGHT_VERSION_ATTRIBUTE] = _attribute_value(weight_version)
+        self._open: list[tuple[Span, object]] = []
 
     def _start(self) -> Span:
-        from otel_tracking.run import current_run
+        from otel_tracking.worker import worker_run
 
-        run = current_run()
+        ctx = otel_context.get_current()
+        run = worker_run(ctx)  # this process's Tracking run, or its worker run (built on first use)
         attributes = self.attributes
-        if run is not None and STEP_ATTRIBUTE not in attributes:
-            # The step in progress: phases run before the log() call that closes their step.
-            attributes = {**attributes, STEP_ATTRIBUTE: 0 if run.last_step is None else run.last_step + 1}
-        tracer = run.tracer if run is not None else trace.get_tracer("otel_tracking")
-        manager = tracer.start_as_current_span(self.state_name, attributes=attributes)
+        if run is None:  # the application's own global TracerProvider (or the SDK is disabled)
+            span = trace.get_tracer("otel_tracking").start_span(
+                self.state_name, context=ctx, attributes=attributes, links=self.links
+            )
+        else:
+            if not has_span(ctx):
+                ctx = run.parent_context(ctx)  # the driver's step span, or the trace a worker was handed
+            if STEP_ATTRIBUTE not in attributes:
+                step = run.step_in_progress(ctx)
+                if step is not None:
+                    attributes = {**attributes, STEP_ATTRIBUTE: step}
+            span = run.tracer.start_span(self.state_name, context=ctx, attributes=attributes, links=self.links)
+            # The run's identity travels in the baggage: propagate.inject() inside this span carries it.
+            ctx = with_identity(run.identity, attributes.get(STEP_ATTRIBUTE), ctx)
+        token = otel_context.attach(trace.set_span_in_context(span, ctx))
         # One trace_state object may be entered again while open (recursion, decorator reuse):
-        # keep a stack of the context managers it opened.
-        self._managers.append(manager)
-        return manager.__enter__()
+        # keep a stack of what it opened.
+        self._open.append((span, token))
+        return span
 
     def _end(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        manager = self._managers.pop()
-        manager.__exit__(exc_type, exc, tb)
+        span, token = self._open.pop()
+        try:
+            if isinstance(exc, Exception):
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        finally:
+            span.end()
+            otel_context.detach(token)  # type: ignore[arg-type]
 
     def __enter__(self) -> Span:
         return self._start()
@@ -122,4 +157,28 @@ class trace_state:
         # Each call gets its own object: calls may overlap in threads and tasks.
         state = trace_state(self.state_name)
         state.attributes = self.attributes
+        state.links = self.links
         return state
+
+
+def _links(targets: Any) -> list[Link]:
+    """Span links from what ``links=`` was given: carriers (dicts), Contexts, spans or
+    SpanContexts, one or a list.  A rollout that serves a step other than the one it runs in
+    (fully asynchronous training) links to that step instead of hanging under it."""
+    if targets is None:
+        return []
+    if not isinstance(targets, (list, tuple)):
+        targets = [targets]
+    links = []
+    for target in targets:
+        if isinstance(target, SpanContext):
+            span_context = target
+        elif isinstance(target, Span):
+            span_context = target.get_span_context()
+        elif isinstance(target, dict):
+            span_context = trace.get_current_span(extract(target)).get_span_context()
+        else:  # a Context
+            span_context = trace.get_current_span(target).get_span_context()
+        if span_context.is_valid:
+            links.append(Link(span_context))
+    return links

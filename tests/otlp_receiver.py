@@ -83,6 +83,7 @@ class Received:
                                 "trace_id": span.trace_id.hex(),
                                 "span_id": span.span_id.hex(),
                                 "parent_span_id": span.parent_span_id.hex() or None,
+                                "links": [(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
                                 "attributes": attributes(span.attributes),
                                 "resource": resource,
                             }

@@ -255,15 +255,22 @@ def test_spans_become_timing_metrics_and_traces(store: Store) -> None:
     run = store.run(experiment_id)
     found = readers.traces(store.client, experiment_id)
     assert len(found) == 2
-    by_root = {next(s.name for s in t.data.spans if s.parent_id is None): t for t in found}
-    assert set(by_root) == {"step", "eval"}
-    spans = {s.name: s for s in by_root["step"].data.spans}
-    assert set(spans) == {"step", "gen@rollout", "update"}
+    # One trace per step: the driver's step span is the root, the phases hang under it.
+
+    def under_root(trace: Any) -> str:
+        root_id = next(s.span_id for s in trace.data.spans if s.parent_id is None)
+        return next(s.name for s in trace.data.spans if s.parent_id == root_id)
+
+    by_first = {under_root(t): t for t in found}
+    assert set(by_first) == {"step", "eval"}
+    spans = {s.name: s for s in by_first["step"].data.spans}
+    assert set(spans) == {"ml.step", "step", "gen@rollout", "update"}
+    assert spans["step"].parent_id == spans["ml.step"].span_id and spans["ml.step"].parent_id is None
     root = spans["step"]
     assert spans["gen@rollout"].parent_id == root.span_id and spans["update"].parent_id == root.span_id
     assert root.attributes["ml.lane"] == 0 and root.attributes["ml.step"] == 2
     assert spans["gen@rollout"].attributes["ml.label.model"] == "actor"
-    assert by_root["step"].info.state.value == "OK"
+    assert by_first["step"].info.state.value == "OK"
     # Both traces are linked to the run.
     assert {t.info.trace_id for t in readers.traces(store.client, experiment_id, run.info.run_id)} == {
         t.info.trace_id for t in found

@@ -59,11 +59,12 @@ def test_endpoint_down_costs_the_loop_nothing_and_replay_delivers_the_rest(
             tracking = Tracking("proj", f"healthy-{round_index}", default_backend="file")
             p99s["healthy"].append(p99(training(tracking, range(STEPS))))
             stats = tracking.finish()
-            assert stats["otlp-traces"]["delivered"] == STEPS and stats["otlp-traces"]["spooled"] == 0
+            # a phase span and its step's root span per step
+            assert stats["otlp-traces"]["delivered"] == 2 * STEPS and stats["otlp-traces"]["spooled"] == 0
         fast_failure_env(monkeypatch, free_port())
         tracking = Tracking("proj", f"down-{round_index}", default_backend="file")
         p99s["down"].append(p99(training(tracking, range(STEPS))))
-        assert tracking.finish()["otlp-traces"]["spooled"] == STEPS
+        assert tracking.finish()["otlp-traces"]["spooled"] == 2 * STEPS
     assert min(p99s["down"]) <= 2 * min(p99s["healthy"]), f"log() waited on a down endpoint: {p99s}"
 
     # The same run with the endpoint down at the start, up for the second half.
@@ -79,7 +80,7 @@ def test_endpoint_down_costs_the_loop_nothing_and_replay_delivers_the_rest(
         stats = tracking.finish()
         traces = stats["otlp-traces"]
         assert traces["spooled"] > 0 and traces["dropped"] == 0
-        assert traces["delivered"] + traces["spooled"] == 2 * STEPS
+        assert traces["delivered"] + traces["spooled"] == 4 * STEPS
         live = span_steps(receiver)
         assert set(live) <= set(range(2 * STEPS))
 
@@ -126,7 +127,7 @@ def test_full_queue_spools_without_blocking(isolated: Path, monkeypatch: pytest.
             pass
     stats = tracking.finish()["otlp-traces"]
     assert stats["delivered"] == 0
-    assert stats["spooled"] == 100 and stats["dropped"] == 0
+    assert stats["spooled"] == 101 and stats["dropped"] == 0  # 100 phases of one step, and its root span
     assert stats["failed"] >= 1
 
 
@@ -153,5 +154,5 @@ def test_a_raising_exporter_never_kills_the_worker(isolated: Path, monkeypatch: 
         with trace_state("second"):
             pass
         stats = tracking.finish()["otlp-traces"]
-        assert stats == {"delivered": 1, "failed": 1, "retried": 0, "spooled": 1, "dropped": 0}
-        assert [s["name"] for s in receiver.received.spans()] == ["second"]
+        assert stats == {"delivered": 2, "failed": 1, "retried": 0, "spooled": 1, "dropped": 0}
+        assert [s["name"] for s in receiver.received.spans()] == ["second", "ml.step"]  # the step's root at finish

@@ -56,10 +56,12 @@ def test_gauges_resource_and_span_tree_arrive(protocol: str, monkeypatch: pytest
         assert resource["host.name"]
         assert resource["deployment.environment"] == "test"
 
-        spans = wait_for(lambda: len(receiver.received.spans()) >= 3 and receiver.received.spans(), what="spans")
+        spans = wait_for(lambda: len(receiver.received.spans()) >= 4 and receiver.received.spans(), what="spans")
         by_name = {span["name"]: span for span in spans}
         root = by_name["step"]
-        assert root["parent_span_id"] is None
+        # Outside any span, the phase hangs under the step's root span: one trace per step.
+        assert root["parent_span_id"] == by_name["ml.step"]["span_id"]
+        assert by_name["ml.step"]["parent_span_id"] is None and by_name["ml.step"]["attributes"]["ml.step"] == 1
         for child in ("rollout", "update"):
             assert by_name[child]["parent_span_id"] == root["span_id"]
             assert by_name[child]["trace_id"] == root["trace_id"]
@@ -205,8 +207,8 @@ def test_otlp_over_tls_with_headers_from_the_standard_variables(
             tracking.log({"loss": 0.5}, 1)
         stats = tracking.finish()
         assert receiver.endpoint.startswith("https://")
-        assert stats["otlp-traces"]["delivered"] == 1 and stats["otlp-metrics"]["failed"] == 0
-        assert [s["name"] for s in receiver.received.spans()] == ["rollout"]
+        assert stats["otlp-traces"]["delivered"] == 2 and stats["otlp-metrics"]["failed"] == 0
+        assert [s["name"] for s in receiver.received.spans()] == ["ml.step", "rollout"]  # log() ends the step
         assert receiver.received.last_gauges()["loss"] == 0.5
         assert all(h["x-tenant"] == "rl-team" and h["authorization"] == "Bearer abc" for h in receiver.received.headers)
 

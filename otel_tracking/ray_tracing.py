@@ -1,0 +1,146 @@
+"""Trace context and run identity across Ray actors and remote functions.
+
+Ray carries no OpenTelemetry context into the processes it calls, and its own tracing hook is
+alpha (it injects ``_ray_trace_ctx`` into every call and breaks generator methods), so we do not
+use it.  Instead, three small pieces, none of which imports ``ray``:
+
+    @ray.remote
+    @traced                                   # every method takes the caller's context
+    class Worker:
+        def update(self, batch): ...          # sync, async, generator and async generator methods
+
+    worker = Worker.options(runtime_env=runtime_env()).remote()   # OTLP settings + run identity
+    ray.get(with_context(worker).update.remote(batch))            # the caller's context goes along
+
+``traced`` adds one keyword-only parameter, ``_otel_context`` (a W3C carrier dict), to the
+function's signature (``__signature__``, which Ray checks calls against; the wrapper keeps no
+``__wrapped__``, since Ray unwraps before reading signatures).  ``with_context`` fills it with the
+caller's context (:func:`otel_tracking.propagation.inject`: the current span, or the driver's
+step span) for ``.remote()`` calls on a handle, a method or a remote function, from any process.
+Inside the call, ``trace_state`` spans hang under the caller's span and carry its run identity.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from otel_tracking.propagation import attach, inject
+
+CARRIER_KWARG = "_otel_context"
+
+T = TypeVar("T")
+
+
+def traced(target: T) -> T:
+    """Carry the caller's trace context into a function, or into every method of a class (an actor
+    class, before ``@ray.remote``).  Calls without a context work as before."""
+    if inspect.isclass(target):
+        for name, member in list(vars(target).items()):
+            if name.startswith("__") and name != "__call__":
+                continue
+            if isinstance(member, (staticmethod, classmethod)):
+                setattr(target, name, type(member)(_wrap(member.__func__, method=False)))
+            elif inspect.isfunction(member):
+                setattr(target, name, _wrap(member, method=True))
+        return target
+    if not callable(target):
+        raise TypeError(f"traced() takes a function or a class, got {target!r}")
+    return _wrap(target, method=False)  # type: ignore[arg-type, return-value]
+
+
+def _wrap(func: Callable[..., Any], method: bool) -> Callable[..., Any]:
+    signature = inspect.signature(func)
+    if CARRIER_KWARG in signature.parameters:
+        return func  # traced already
+
+    def enter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if method and args:
+            from otel_tracking.worker import default_role
+
+            default_role(type(args[0]).__name__)  # ml.role of this worker, unless configured
+        return attach(kwargs.pop(CARRIER_KWARG, None))
+
+    wrapper: Callable[..., Any]
+    if inspect.isasyncgenfunction(func):
+
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with enter(args, kwargs):
+                async for item in func(*args, **kwargs):
+                    yield item
+
+    elif inspect.isgeneratorfunction(func):
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with enter(args, kwargs):
+                yield from func(*args, **kwargs)
+
+    elif inspect.iscoroutinefunction(func):
+
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with enter(args, kwargs):
+                return await func(*args, **kwargs)
+
+    else:
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with enter(args, kwargs):
+                return func(*args, **kwargs)
+
+    functools.update_wrapper(wrapper, func)
+    del wrapper.__wrapped__  # type: ignore[attr-defined]  # Ray reads the signature after inspect.unwrap
+    wrapper.__signature__ = _with_carrier(signature)  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _with_carrier(signature: inspect.Signature) -> inspect.Signature:
+    parameters = list(signature.parameters.values())
+    carrier = inspect.Parameter(CARRIER_KWARG, inspect.Parameter.KEYWORD_ONLY, default=None)
+    at = len(parameters)
+    if parameters and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD:
+        at -= 1  # keyword-only parameters come before **kwargs
+    return signature.replace(parameters=[*parameters[:at], carrier, *parameters[at:]])
+
+
+class _WithContext:
+    """``.remote()`` / ``.options()`` of a Ray method or remote function, adding the caller's context."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault(CARRIER_KWARG, inject())
+        return self._target.remote(*args, **kwargs)
+
+    def options(self, **options: Any) -> _WithContext:
+        return _WithContext(self._target.options(**options))
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._target, name)
+        # An actor handle: its methods are what get called.
+        return _WithContext(attribute) if hasattr(attribute, "remote") else attribute
+
+
+def with_context(target: Any) -> Any:
+    """A Ray actor handle, actor method or remote function whose ``.remote()`` calls carry the
+    caller's trace context (to a ``traced`` callee)."""
+    return _WithContext(target)
+
+
+def runtime_env(
+    base: Mapping[str, Any] | None = None, *, tracking: Any = None, headers: bool = False
+) -> dict[str, Any]:
+    """A Ray ``runtime_env`` that gives actors this process's OTel and otel-tracking settings and
+    the run identity (of ``tracking``, else of the current run), merged under ``base``'s own
+    ``env_vars``.  OTLP header variables (credentials) are passed only with ``headers=True``: a
+    node-local agent (``deploy/``) needs none, and Ray shows runtime environments in its dashboard."""
+    from otel_tracking.run import current_run
+    from otel_tracking.settings import propagated_env
+
+    run = tracking._run if tracking is not None else current_run()
+    identity = dict(run.identity) if run is not None else {}
+    merged = dict(base or {})
+    merged["env_vars"] = {**propagated_env(identity, headers=headers), **dict(merged.get("env_vars") or {})}
+    return merged

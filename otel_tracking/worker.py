@@ -1,0 +1,146 @@
+"""Telemetry of a process that has no ``Tracking``: Ray workers, rollout servers, subprocesses.
+
+Only the driver talks to ML trackers; every other process of a job speaks OTLP.  The first
+``trace_state`` (or ``RLInsightLogger`` call) in a process without a ``Tracking`` builds one
+*worker run* for the process, from the standard variables:
+
+* exporters: OTLP per ``OTEL_EXPORTER_OTLP_*`` / ``OTEL_TRACES_EXPORTER`` (and any of our sinks or
+  entry points named there), behind the same queue, retry and spool as the driver's sinks: a span
+  leaves for its exporter as soon as it ends, and the run is flushed at normal interpreter exit;
+* identity: ``ml.project``, ``ml.experiment``, ``ml.run.id`` from the caller's baggage (what
+  :func:`otel_tracking.propagation.inject` and the Ray helpers carry), else the run a forked child
+  inherited, else the environment;
+  ``ml.rank`` (``RANK``...), ``ml.role`` (``OTEL_TRACKING_ROLE`` or :func:`configure_worker`),
+  ``host.name`` and ``process.pid``;
+* with no exporter configured, spans are not dropped: they are spooled under the run's spool
+  directory, one warning says where, and ``otel-tracking replay`` sends them later.
+
+An application that installed its own global ``TracerProvider`` keeps it: ``trace_state`` then
+records into that provider instead.  ``OTEL_SDK_DISABLED=true`` turns the worker run off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing.util
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_tracking.propagation import identity_from
+from otel_tracking.run import Run, current_run, inherited_identity
+from otel_tracking.settings import Settings, build_worker_settings
+
+_lock = threading.Lock()
+_defaults: dict[str, Any] = {}  # role / rank given by configure_worker (or a Ray actor's class name)
+_disabled_pid: int | None = None  # OTEL_SDK_DISABLED in this process: no worker run, no retries
+_run: Run | None = None  # the worker run (runs are otherwise only weakly referenced: Tracking holds its own)
+
+
+def configure_worker(*, role: str | None = None, rank: int | None = None) -> None:
+    """Say what this process is (``ml.role``, ``ml.rank``) before its first span; a worker run
+    already built keeps what it had."""
+    if role is not None:
+        _defaults["role"] = str(role)
+    if rank is not None:
+        _defaults["rank"] = int(rank)
+
+
+def default_role(role: str) -> None:
+    """A role to use when none was configured (the Ray helpers pass the actor's class name)."""
+    _defaults.setdefault("fallback_role", role)
+
+
+def worker_settings(
+    ctx: Context | None = None, project: str | None = None, experiment: str | None = None, force_otlp: bool = False
+) -> Settings:
+    """The settings of this process's worker run: identity from ``ctx``'s baggage or the environment;
+    spooled data under a directory of its own (many workers share one run id)."""
+    identity = identity_from(ctx) or inherited_identity()
+    settings = build_worker_settings(identity, project, experiment, force_otlp=force_otlp)
+    role = _defaults.get("role") or settings.role or _defaults.get("fallback_role")
+    rank = _defaults.get("rank", settings.rank)
+    own = f"{role or 'worker'}-{settings.host}-{os.getpid()}"
+    return dataclasses.replace(settings, role=role, rank=rank, spool_dir=settings.spool_dir / own)
+
+
+def worker_run(ctx: Context | None = None) -> Run | None:
+    """This process's worker run, built on first use; None when the application has its own global
+    TracerProvider, or the SDK is disabled."""
+    run = current_run()
+    if run is not None:
+        return run
+    if _disabled_pid == os.getpid() or _app_has_provider():
+        return None
+    with _lock:
+        run = current_run()
+        if run is None:
+            run = _build(ctx)
+    return run
+
+
+def _app_has_provider() -> bool:
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def _build(ctx: Context | None) -> Run | None:
+    global _disabled_pid, _run
+    from otel_tracking.registry import build_env_sinks, build_otlp_sinks
+
+    settings = worker_settings(ctx)
+    if settings.sdk_disabled:
+        _disabled_pid = os.getpid()
+        return None
+    otlp = build_otlp_sinks(settings)
+    step_sinks, periodic = build_env_sinks(settings, None, taken=())
+    if "traces" not in otlp and not any(sink.spans is not None for sink in step_sinks):
+        otlp["traces"] = _spool_only_traces(settings)
+    run = _run = Run(settings, step_sinks, otlp_sinks=otlp, periodic_sinks=periodic, driver=False)
+    # A multiprocessing child started by fork() ends with os._exit(): no exit hook runs there, but
+    # multiprocessing's own finalizers do.
+    multiprocessing.util.Finalize(None, _finish, args=(weakref.ref(run),), exitpriority=100)
+    return run
+
+
+def _finish(ref: weakref.ref[Run]) -> None:
+    run = ref()
+    if run is not None and run.pid == os.getpid():
+        run.finish()
+
+
+class _NoExporter(SpanExporter):
+    """Stands where the OTLP span exporter would, when none is configured: the one failure it
+    reports (the sink's single warning) says where the spans are kept instead."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        raise RuntimeError(
+            f"no trace exporter is configured in this process (pid {os.getpid()}): set OTEL_EXPORTER_OTLP_ENDPOINT "
+            f"(otel_tracking.ray_tracing.runtime_env passes the driver's); its spans are kept in {self.where}; "
+            "send them with `otel-tracking replay`"
+        )
+
+    def shutdown(self) -> None:
+        return None
+
+
+def _spool_only_traces(settings: Settings) -> Any:
+    from otel_tracking.pipeline import Sink
+
+    where = str(settings.spool_dir / "otlp-traces.jsonl")
+    # One attempt, then degraded for good: every span goes straight to the spool, no retries.
+    policy = dataclasses.replace(settings.delivery, max_attempts=1, probe_interval_s=math.inf)
+    return Sink("otlp-traces", spans=_NoExporter(where), where=f"spooled: {where}", policy=policy)
+
+
+__all__ = ["configure_worker", "worker_run", "worker_settings"]
