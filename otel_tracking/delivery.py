@@ -15,16 +15,19 @@ attempt per item; what is left is spooled.  Every outcome is counted in the sink
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from otel_tracking.codec import DECODERS, ENCODERS
 
@@ -45,8 +48,12 @@ class Policy:
 
 
 class Spool:
-    """Append-only JSONL of undelivered items, readable by its owner only.  The first line is a
-    header saying which sink and run the items belong to, so that replay can rebuild the sink."""
+    """Append-only file of undelivered items, readable by its owner only.  The first record is a
+    header saying which sink and run the items belong to, so that replay can rebuild the sink.
+
+    One record a line: ``<crc32 of the JSON, 8 hex digits> <JSON>``.  A record cut short (a kill
+    or a full disk in the middle of a write) or damaged is detected by :func:`read_spool`, which
+    skips it and goes on with the next line."""
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
         self.path = path
@@ -55,14 +62,17 @@ class Spool:
         self._lock = threading.Lock()
 
     def write(self, kind: str, payload: Any) -> None:
-        line = json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str) + "\n"
+        line = frame(json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str))
         with self._lock:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                # Shared while open: replay takes it exclusively and leaves a file in use alone.
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 self._file = os.fdopen(fd, "a", buffering=1)
                 if self.path.stat().st_size == 0:
-                    self._file.write(json.dumps({"header": self.header}) + "\n")
+                    self._file.write(frame(json.dumps({"header": self.header})))
             self._file.write(line)
 
     def close(self) -> None:
@@ -72,20 +82,71 @@ class Spool:
                 self._file = None
 
 
-def read_spool(path: Path) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-    """(header, [(kind, decoded payload), ...]) of a spool file."""
+def frame(text: str) -> str:
+    """One spool record: its checksum, then the JSON text, on one line."""
+    return f"{zlib.crc32(text.encode()):08x} {text}\n"
+
+
+class Damaged(NamedTuple):
+    """A spool record that could not be read: where, and why."""
+
+    path: Path
+    offset: int  # byte offset of the record's line
+    reason: str
+
+
+SpoolItem = tuple[str, Any]
+
+
+def read_spool(path: Path) -> tuple[dict[str, Any], Iterator[SpoolItem | Damaged]]:
+    """(header, records): the records one at a time as ``(kind, decoded payload)``, or
+    :class:`Damaged` for one that is cut short, fails its checksum or does not decode.  Streams:
+    the file is never loaded whole.  Lines without a checksum (files written before the framing)
+    are read as plain JSON."""
+    handle = open(path, "rb")  # noqa: SIM115 - closed by the generator
+    first = handle.readline()
     header: dict[str, Any] = {}
-    items: list[tuple[str, Any]] = []
-    with open(path) as f:
-        for number, line in enumerate(f):
-            if not line.strip():
-                continue
-            entry = json.loads(line)
-            if number == 0 and "header" in entry:
-                header = entry["header"]
-                continue
-            items.append((entry["kind"], DECODERS[entry["kind"]](entry["data"])))
-    return header, items
+    entry = _unframe(first)
+    if isinstance(entry, dict) and "header" in entry:
+        header = entry["header"]
+    else:
+        handle.seek(0)
+
+    def records() -> Iterator[SpoolItem | Damaged]:
+        with handle:
+            offset = handle.tell()
+            for line in iter(handle.readline, b""):
+                at, offset = offset, offset + len(line)
+                if not line.strip():
+                    continue
+                entry = _unframe(line)
+                if isinstance(entry, str):
+                    yield Damaged(path, at, entry)
+                    continue
+                try:
+                    yield entry["kind"], DECODERS[entry["kind"]](entry["data"])
+                except Exception as error:  # a record that parses but does not decode
+                    yield Damaged(path, at, f"undecodable {type(error).__name__}: {error}")
+
+    return header, records()
+
+
+def _unframe(line: bytes) -> dict[str, Any] | str:
+    """The JSON object of one record, or why it cannot be read."""
+    if not line.endswith(b"\n"):
+        return "cut short (no end of line)"
+    text = line[:-1].decode("utf-8", errors="replace")
+    if text.startswith("{"):  # unframed: written before records had checksums
+        body = text
+    else:
+        checksum, _, body = text.partition(" ")
+        if len(checksum) != 8 or f"{zlib.crc32(body.encode()):08x}" != checksum:
+            return "checksum mismatch"
+    try:
+        entry = json.loads(body)
+    except ValueError as error:
+        return f"not JSON ({error})"
+    return entry if isinstance(entry, dict) else "not a record"
 
 
 def wait_handled(items: queue.Queue[Any], timeout_s: float) -> bool:
@@ -98,10 +159,16 @@ def wait_handled(items: queue.Queue[Any], timeout_s: float) -> bool:
     return True
 
 
+def item_count(kind: str, payload: Any) -> int:
+    """Items in one payload, as the counts see them: a log() call is one, spans and log records
+    one each."""
+    return len(payload) if kind in _MERGEABLE else 1
+
+
 def set_aside(sink: str, spool: Spool | None, kind: str, payload: Any, count: Callable[[str, int], None]) -> None:
     """Keep what a sink cannot deliver now in its spool (counted ``spooled``); with no spool, or
     one that cannot be written, the items are lost and counted ``dropped``."""
-    n = len(payload) if kind in _MERGEABLE else 1
+    n = item_count(kind, payload)
     if spool is None:
         count("dropped", n)
         return
@@ -137,6 +204,10 @@ class Worker:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.policy.queue_size)
         self._stopping = threading.Event()
         self._degraded_until = 0.0  # monotonic time of the next probe while degraded
+        # The item being exported, and whether stop() gave it up (spooled it) while the export hung.
+        self._state = threading.Lock()
+        self._inflight: tuple[str, Any, list[Any]] | None = None
+        self._given_up = False
         self._thread = threading.Thread(target=self._run, name=f"otel-tracking-{name}", daemon=True)
         self._thread.start()
 
@@ -173,8 +244,14 @@ class Worker:
                         break
                     payload.extend(nxt[1])
                     tokens.append(nxt[2])
+            with self._state:
+                self._inflight = (kind, payload, tokens)
             self._handle(kind, payload)
-            self._report_done(tokens)
+            with self._state:
+                self._inflight = None
+                mine = not self._given_up
+            if mine:
+                self._report_done(tokens)
             for _ in tokens:
                 self._queue.task_done()
 
@@ -198,7 +275,13 @@ class Worker:
         attempts = 1 if (self._stopping.is_set() or self._degraded_until) else self.policy.max_attempts
         delay = self.policy.backoff_s
         for attempt in range(attempts):
-            if self._deliver(kind, payload):
+            delivered = self._deliver(kind, payload)
+            with self._state:
+                if self._given_up:  # stop() spooled this item while the export hung: not ours to count
+                    return
+                if delivered:
+                    self._count("delivered", item_count(kind, payload))
+            if delivered:
                 self._degraded_until = 0.0
                 return
             if attempt + 1 < attempts:
@@ -207,7 +290,9 @@ class Worker:
                     break  # finishing: no more waiting on a failing backend
                 delay = min(delay * 2, self.policy.backoff_max_s)
         self._degraded_until = time.monotonic() + self.policy.probe_interval_s
-        self._set_aside(kind, payload)
+        with self._state:
+            if not self._given_up:
+                self._set_aside(kind, payload)
 
     def _set_aside(self, kind: str, payload: Any) -> None:
         set_aside(self.name, self.spool, kind, payload, self._count)
@@ -235,5 +320,12 @@ class Worker:
             self._queue.task_done()
         self._queue.put(_STOP)
         self._thread.join(max(0.1, deadline - time.monotonic()))
+        with self._state:  # an export still hanging past the deadline: its item goes to the spool
+            inflight, self._inflight = self._inflight, None
+            self._given_up = self._thread.is_alive()
+        if inflight is not None and self._given_up:
+            kind, payload, tokens = inflight
+            self._set_aside(kind, payload)
+            self._report_done(tokens)
         if self.spool is not None:
             self.spool.close()

@@ -25,7 +25,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking.delivery import Policy, Spool, Worker
+from otel_tracking.delivery import Policy, Spool, Worker, item_count
 from otel_tracking.steps import StepBatch, materialize
 
 logger = logging.getLogger("otel_tracking")
@@ -99,7 +99,8 @@ class Sink:
             setattr(self.stats, field, getattr(self.stats, field) + n)
 
     def deliver(self, kind: str, payload: Any) -> bool:
-        """One guarded export call; True when the backend took it."""
+        """One guarded export call; True when the backend took it (the caller counts it delivered:
+        the worker, which may have given the item up meanwhile, or the inline path)."""
         exporter: Any = {"metrics": self.metrics, "spans": self.spans, "logs": self.logs}[kind]
         try:
             if kind != "metrics":
@@ -114,14 +115,13 @@ class Sink:
         if result in _FAILED or getattr(result, "name", "") == "FAILURE":
             self._count_failure(kind, None)
             return False
-        self.count("delivered", 1 if kind == "metrics" else len(payload))
         return True
 
     def _submit(self, kind: str, payload: Any) -> None:
         if self.worker is not None:
             self.worker.submit(kind, payload)
-        else:
-            self.deliver(kind, payload)
+        elif self.deliver(kind, payload):
+            self.count("delivered", item_count(kind, payload))
 
     def _count_failure(self, what: str, error: BaseException | None) -> None:
         with self._lock:

@@ -10,13 +10,14 @@ is delivered twice); items that still fail are written back for the next replay.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from otel_tracking.delivery import Spool, read_spool
+from otel_tracking.delivery import Damaged, Spool, read_spool
 from otel_tracking.pipeline import Sink
 from otel_tracking.settings import build_settings, spool_root
 
@@ -46,49 +47,91 @@ def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None
 
 
 class Progress:
-    def __init__(self, total: int, label: str, out: TextIO) -> None:
-        self.total, self.label, self.out, self.done = total, label, out, 0
+    """A one-line bar of the records read, with how many were delivered."""
 
-    def step(self) -> None:
-        self.done += 1
+    def __init__(self, total: int, label: str, out: TextIO) -> None:
+        self.total, self.label, self.out, self.read, self.delivered = total, label, out, 0, 0
+
+    def step(self, delivered: bool) -> None:
+        self.read += 1
+        self.delivered += delivered
         width = 30
-        filled = width * self.done // max(self.total, 1)
-        self.out.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}")
-        if self.done == self.total:
+        filled = width * self.read // max(self.total, 1)
+        self.out.write(
+            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.delivered}/{self.total} delivered"
+        )
+        if self.read == self.total:
             self.out.write("\n")
         self.out.flush()
 
 
+def _records_in(path: Path) -> int:
+    with open(path, "rb") as f:
+        return max(0, sum(1 for line in f if line.strip()) - 1)  # less the header
+
+
 def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | None = None) -> dict[str, int]:
-    header, items = read_spool(path)
-    sink = rebuild_sink(header, env)
-    progress = Progress(len(items), f"{header['sink']} <- {path.name}", out)
-    failed: list[tuple[str, Any]] = []
-    for kind, payload in items:
-        if not sink.deliver(kind, payload):
-            failed.append((kind, payload))
-        progress.step()
-    sink.finish(0)
-    if failed:
-        retry = path.with_suffix(".retry")
-        spool = Spool(retry, header)
-        for kind, payload in failed:
-            spool.write(kind, payload)
-        spool.close()
-        os.replace(retry, path)
-    else:
-        path.rename(path.with_name(path.name + ".replayed"))
-    return {"items": len(items), "delivered": len(items) - len(failed), "failed": len(failed)}
+    """Deliver one spool file into its sink, record by record (never loading the file whole).
+    A damaged record is skipped and named (file and byte offset); what the sink refuses is kept
+    for the next replay; a file another process still writes is left alone."""
+    with open(path, "rb") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            out.write(f"{path}: still being written by a running process; skipped\n")
+            return {"items": 0, "delivered": 0, "failed": 0, "damaged": 0, "busy": 1}
+        header, records = read_spool(path)
+        if not header.get("sink"):
+            out.write(f"{path}: its header is damaged; nothing to rebuild the sink from; skipped\n")
+            return {"items": 0, "delivered": 0, "failed": 0, "damaged": 1, "busy": 0}
+        sink = rebuild_sink(header, env)
+        progress = Progress(_records_in(path), f"{header['sink']} <- {path.name}", out)
+        retry_path = path.with_name(path.name + ".retry")
+        retry: Spool | None = None
+        counts = {"items": 0, "delivered": 0, "failed": 0, "damaged": 0, "busy": 0}
+        for record in records:
+            if isinstance(record, Damaged):
+                counts["damaged"] += 1
+                out.write(f"\n{record.path}: damaged record at byte {record.offset} skipped ({record.reason})\n")
+                progress.step(False)
+                continue
+            kind, payload = record
+            counts["items"] += 1
+            ok = sink.deliver(kind, payload)
+            if ok:
+                counts["delivered"] += 1
+            else:
+                counts["failed"] += 1
+                retry = retry or Spool(retry_path, header)
+                retry.write(kind, payload)
+            progress.step(ok)
+        sink.finish(0)
+        if retry is not None:
+            retry.close()
+            os.replace(retry_path, path)
+        else:
+            path.rename(path.with_name(path.name + ".replayed"))
+    return counts
 
 
 def main(paths: list[str], out: TextIO = sys.stderr) -> int:
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        out.write(f"otel-tracking replay: no such file or directory: {', '.join(missing)}\n")
+        return 2
     files = spool_files([Path(p) for p in paths] or [spool_root()])
     if not files:
         out.write("nothing to replay\n")
         return 0
-    total_failed = 0
+    trouble = 0
     for path in files:
-        result = replay_file(path, out)
-        total_failed += result["failed"]
-        out.write(f"{path}: {result['delivered']}/{result['items']} delivered\n")
-    return 1 if total_failed else 0
+        try:
+            result = replay_file(path, out)
+        except Exception as error:  # one file's sink that cannot be rebuilt does not stop the others
+            out.write(f"{path}: not replayed: {type(error).__name__}: {error}\n")
+            trouble += 1
+            continue
+        trouble += result["failed"] + result["damaged"]
+        damaged = f", {result['damaged']} damaged record(s) skipped" if result["damaged"] else ""
+        out.write(f"{path}: {result['delivered']}/{result['items']} delivered{damaged}\n")
+    return 1 if trouble else 0

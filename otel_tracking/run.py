@@ -48,6 +48,8 @@ from otel_tracking.values import split_values, to_step
 
 logger = logging.getLogger("otel_tracking")
 
+ENDED_BY_ATTRIBUTE = "ml.span.ended_by"  # set on spans that finish() ended while still open
+
 _active_runs: list[weakref.ref[Run]] = []
 _active_lock = threading.Lock()
 
@@ -145,6 +147,7 @@ class Run:
         self._step_span: Span | None = None
         self._step_started_ns = time.time_ns()  # a step's span starts where the previous step ended
         self._env_context = None if driver else extract_env(settings.env)
+        self.open_spans: set[Span] = set()  # trace_state spans not ended yet (set.add/discard: atomic)
         otlp_sinks = dict(otlp_sinks or {})
         self.observability_sinks = [*otlp_sinks.values(), *periodic_sinks]
         for sink in self.all_sinks:
@@ -258,7 +261,13 @@ class Run:
         deadline = time.monotonic() + self.settings.finish_timeout_s
         for periodic in self._periodic:
             periodic.stop()
-        self._end_step(None, time.time_ns(), **{"ml.step.ended_by": "finish"})
+        # Spans still open (``with trace_state("fit"): ... finish()``) end here, saying so, rather
+        # than after their sinks are gone; the step's root span last, after its children.
+        for span in list(self.open_spans):
+            span.set_attribute(ENDED_BY_ATTRIBUTE, "finish")
+            span.end()
+        self.open_spans.clear()
+        self._end_step(None, time.time_ns(), **{ENDED_BY_ATTRIBUTE: "finish"})
         for provider in (self.tracer_provider, self.logger_provider):
             try:
                 provider.force_flush()

@@ -85,7 +85,7 @@ class trace_state:
             self.attributes[STEP_ATTRIBUTE] = to_step(step)
         if weight_version is not None:
             self.attributes[WEIGHT_VERSION_ATTRIBUTE] = _attribute_value(weight_version)
-        self._open: list[tuple[Span, object]] = []
+        self._open: list[tuple[Span, object, Any]] = []
 
     def _start(self) -> Span:
         from otel_tracking.worker import worker_run
@@ -105,22 +105,26 @@ class trace_state:
                 if step is not None:
                     attributes = {**attributes, STEP_ATTRIBUTE: step}
             span = run.tracer.start_span(self.state_name, context=ctx, attributes=attributes, links=self.links)
+            run.open_spans.add(span)  # finish() ends what is still open, rather than losing it
             # The run's identity travels in the baggage: propagate.inject() inside this span carries it.
             ctx = with_identity(run.identity, attributes.get(STEP_ATTRIBUTE), ctx)
         token = otel_context.attach(trace.set_span_in_context(span, ctx))
         # One trace_state object may be entered again while open (recursion, decorator reuse):
         # keep a stack of what it opened.
-        self._open.append((span, token))
+        self._open.append((span, token, run))
         return span
 
     def _end(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        span, token = self._open.pop()
+        span, token, run = self._open.pop()
         try:
-            if isinstance(exc, Exception):
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            if run is not None:
+                run.open_spans.discard(span)
+            if span.is_recording():  # not if the run's finish() ended it already
+                if isinstance(exc, Exception):
+                    span.record_exception(exc)
+                    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                span.end()
         finally:
-            span.end()
             otel_context.detach(token)  # type: ignore[arg-type]
 
     def __enter__(self) -> Span:

@@ -156,3 +156,36 @@ def test_a_raising_exporter_never_kills_the_worker(isolated: Path, monkeypatch: 
         stats = tracking.finish()["otlp-traces"]
         assert stats == {"delivered": 2, "failed": 1, "retried": 0, "spooled": 1, "dropped": 0}
         assert [s["name"] for s in receiver.received.spans()] == ["second", "ml.step"]  # the step's root at finish
+
+
+def test_a_batch_in_flight_at_the_finish_deadline_is_spooled_and_counted(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export that hangs past OTEL_TRACKING_FINISH_TIMEOUT: its items are spooled (counted),
+    and when the export finally returns, nothing is counted twice."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as hung:  # accepts (the kernel does), never answers
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{hung.getsockname()[1]}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "3")
+        monkeypatch.setenv("OTEL_TRACKING_FINISH_TIMEOUT", "0.5")
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+        monkeypatch.setenv("OTEL_LOGS_EXPORTER", "none")
+        tracking = Tracking("proj", "exp", default_backend="file")
+        for step in range(3):
+            with trace_state("phase", step=step):
+                pass
+        stats = tracking.finish()["otlp-traces"]
+        handed = 4  # three phases and their step's root span
+        assert stats["delivered"] == 0 and stats["dropped"] == 0
+        assert stats["spooled"] == handed, stats
+        worker = tracking._run.observability_sinks[0].worker
+        worker._thread.join(30)  # the hung export gives up (its own 3 s timeout) and the thread ends
+        assert not worker._thread.is_alive()
+        late = tracking._run.stats()["otlp-traces"]
+        items = ("delivered", "spooled", "dropped")  # ("failed" counts attempts: the late one failed)
+        assert {k: late[k] for k in items} == {k: stats[k] for k in items}, "no item counted twice"
+    from otel_tracking.delivery import read_spool
+
+    _, records = read_spool(next((isolated / "spool").rglob("otlp-traces.jsonl")))
+    assert sum(len(payload) for _, payload in records) == handed  # each span once (batches may merge them)

@@ -38,7 +38,7 @@ def test_nesting_lane_labels_and_step(isolated: Path) -> None:
     assert root["parent_span_id"] is None
     assert by_name["step"]["parent_span_id"] == root["span_id"]
     assert by_name["step"]["trace_id"] == by_name["update"]["trace_id"] == root["trace_id"]
-    assert root["attributes"] == {"ml.step": 8, "ml.step.ended_by": "finish"}
+    assert root["attributes"] == {"ml.step": 8, "ml.span.ended_by": "finish"}
     assert by_name["rollout"]["attributes"] == {
         "ml.lane": "worker-3",
         "ml.label.model": "actor",
@@ -156,3 +156,22 @@ def test_without_a_run_trace_state_is_harmless() -> None:
 def test_empty_state_name_is_rejected() -> None:
     with pytest.raises(ValueError, match="non-empty state name"):
         trace_state("")
+
+
+def test_a_span_still_open_at_finish_is_ended_and_delivered(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.otlp_receiver import HttpReceiver, wait_for
+
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        tracking = Tracking("proj", "exp", default_backend="file")
+        with trace_state("fit"):
+            with trace_state("epoch"):
+                tracking.log({"loss": 0.5}, 1)
+                stats = tracking.finish()  # inside both spans, as `with trace_state("fit"): ...` code does
+        assert stats["otlp-traces"]["delivered"] == 3  # the step's root, epoch and fit: none left behind
+        found = wait_for(lambda: len(receiver.received.spans()) == 3 and receiver.received.spans(), what="3 spans")
+    by_name = {s["name"]: s for s in found}
+    assert by_name["fit"]["attributes"]["ml.span.ended_by"] == "finish"
+    assert by_name["epoch"]["attributes"]["ml.span.ended_by"] == "finish"
+    assert by_name["epoch"]["parent_span_id"] == by_name["fit"]["span_id"]
+    assert {s["name"] for s in spans(isolated, steps=True)} == {"ml.step", "fit", "epoch"}

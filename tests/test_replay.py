@@ -1,0 +1,95 @@
+"""`otel-tracking replay` against damaged and busy spool files: every intact record is delivered,
+each damaged one is named (file and byte offset) and skipped, a file still being written is left
+alone, and the other files go on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_tracking.delivery import Damaged, Spool, read_spool
+from tests.otlp_receiver import HttpReceiver, wait_for
+
+
+def _spool(path: Path, run_id: str, n: int) -> Spool:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    for i in range(n):
+        with provider.get_tracer("t").start_as_current_span(f"{run_id}-{i}"):
+            pass
+    header = {"sink": "otlp-traces", "project": "proj", "experiment": "exp", "run_id": run_id, "pid": os.getpid()}
+    spool = Spool(path, header)
+    for span in memory.get_finished_spans():
+        spool.write("spans", [span])
+    return spool
+
+
+def _replay(receiver: HttpReceiver, *paths: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+    return subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "replay", *map(str, paths)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_damaged_records_are_skipped_and_named_and_everything_else_arrives(isolated: Path) -> None:
+    damaged_path = isolated / "a" / "otlp-traces.jsonl"
+    intact_path = isolated / "b" / "otlp-traces.jsonl"
+    _spool(damaged_path, "damaged", 40).close()
+    _spool(intact_path, "intact", 40).close()
+    data = bytearray(damaged_path.read_bytes())
+    lines = data.splitlines(keepends=True)
+    middle = sum(len(line) for line in lines[:11])  # byte offset of record 10 (after the header)
+    data[middle + 40] ^= 0x01  # one flipped bit inside record 10
+    cut = len(data) - len(lines[-1]) // 2  # the last record cut short, as a kill or a full disk leaves it
+    damaged_path.write_bytes(bytes(data[:cut]))
+
+    _, records = read_spool(damaged_path)
+    bad = [r for r in records if isinstance(r, Damaged)]
+    assert [(b.offset, b.reason) for b in bad] == [
+        (middle, "checksum mismatch"),
+        (len(data) - len(lines[-1]), "cut short (no end of line)"),
+    ]
+
+    with HttpReceiver() as receiver:
+        done = _replay(receiver, damaged_path.parent, intact_path.parent)
+        names = wait_for(
+            lambda: (found := {s["name"] for s in receiver.received.spans()}) and len(found) >= 78 and found,
+            what="78 spans",
+        )
+    assert names == {f"damaged-{i}" for i in range(39) if i != 10} | {f"intact-{i}" for i in range(40)}
+    assert done.returncode == 1, "damaged records make the replay report trouble"
+    assert f"{damaged_path}: damaged record at byte {middle} skipped (checksum mismatch)" in done.stderr
+    assert "38/38 delivered, 2 damaged record(s) skipped" in done.stderr
+    assert "40/40 delivered" in done.stderr
+    assert not intact_path.exists() and intact_path.with_name("otlp-traces.jsonl.replayed").exists()
+
+
+def test_a_file_still_being_written_is_left_alone(isolated: Path) -> None:
+    busy = _spool(isolated / "busy" / "otlp-traces.jsonl", "busy", 3)  # open: a running run's spool
+    with HttpReceiver() as receiver:
+        done = _replay(receiver, isolated / "busy")
+    assert "still being written by a running process; skipped" in done.stderr
+    assert busy.path.exists() and receiver.received.spans() == []
+    busy.close()
+    with HttpReceiver() as receiver:
+        done = _replay(receiver, isolated / "busy")
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: len(receiver.received.spans()) == 3, what="3 spans once the writer closed it")
+
+
+def test_a_path_that_does_not_exist_is_an_error(isolated: Path) -> None:
+    with HttpReceiver() as receiver:
+        done = _replay(receiver, isolated / "nope")
+    assert done.returncode == 2
+    assert "no such file or directory" in done.stderr
