@@ -16,6 +16,7 @@ attempt per item; what is left is spooled.  Every outcome is counted in the sink
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -24,6 +25,7 @@ import queue
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +35,6 @@ from otel_tracking.codec import DECODERS, ENCODERS
 
 logger = logging.getLogger("otel_tracking")
 
-_STOP = object()
 _MERGEABLE = ("spans", "logs")  # consecutive items of these kinds go out in one export call
 _MAX_MERGE = 512
 
@@ -180,11 +181,31 @@ def set_aside(sink: str, spool: Spool | None, kind: str, payload: Any, count: Ca
         count("dropped", n)
 
 
+@dataclass
+class Ledger:
+    """Where every item handed to a worker is, counted under the worker's lock, so that at every
+    moment ``handed == delivered + in_flight + queued + spooled + dropped``."""
+
+    handed: int = 0
+    delivered: int = 0
+    spooled: int = 0
+    dropped: int = 0
+    queued: int = 0
+    in_flight: int = 0
+
+    def balanced(self) -> bool:
+        return self.handed == self.delivered + self.in_flight + self.queued + self.spooled + self.dropped
+
+
 class Worker:
     """The queue and thread of one sink.  ``deliver(kind, payload) -> bool`` is the sink's guarded
     export call; ``count(field, n)`` updates the sink's stats; ``done(token)``, when given, hears
     of every submitted item that reached its end (delivered, spooled or dropped), by the token it
-    was submitted with."""
+    was submitted with.
+
+    Every move of an item (handed, queued, taken, delivered, spooled, dropped) happens under one
+    condition lock together with its count in :attr:`ledger`; exports and retry waits happen
+    outside it."""
 
     def __init__(
         self,
@@ -197,92 +218,112 @@ class Worker:
     ) -> None:
         self.name = name
         self._deliver = deliver
-        self._count = count
+        self._sink_count = count
         self._done = done
         self.spool = spool
         self.policy = policy or Policy()
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.policy.queue_size)
+        self.ledger = Ledger()
+        self._lock = threading.Condition()  # guards everything below and the ledger
+        self._items: deque[tuple[str, Any, Any]] = deque()
+        self._inflight: tuple[str, Any, list[Any]] | None = None  # the item being exported
+        self._closed = False  # stop(): the thread ends once it has settled what it holds
+        self._given_up = False  # stop() spooled the in-flight item while its export hung
         self._stopping = threading.Event()
         self._degraded_until = 0.0  # monotonic time of the next probe while degraded
-        # The item being exported, and whether stop() gave it up (spooled it) while the export hung.
-        self._state = threading.Lock()
-        self._inflight: tuple[str, Any, list[Any]] | None = None
-        self._given_up = False
         self._thread = threading.Thread(target=self._run, name=f"otel-tracking-{name}", daemon=True)
         self._thread.start()
+
+    def _count(self, field: str, n: int) -> None:
+        if field in ("delivered", "spooled", "dropped"):
+            setattr(self.ledger, field, getattr(self.ledger, field) + n)
+        self._sink_count(field, n)
+
+    def snapshot(self) -> Ledger:
+        with self._lock:
+            return dataclasses.replace(self.ledger)
 
     # --- the training thread's side --------------------------------------------------------------
 
     def submit(self, kind: str, payload: Any, token: Any = None) -> None:
-        try:
-            self._queue.put_nowait((kind, payload, token))
-        except queue.Full:
-            self._set_aside(kind, payload)
-            self._report_done([token])
+        """Never blocks: a full queue (or a stopped worker) spools the item instead."""
+        n = item_count(kind, payload)
+        with self._lock:
+            self.ledger.handed += n
+            if len(self._items) >= self.policy.queue_size or self._closed:
+                self._set_aside(kind, payload)
+                self._report_done([token])
+                return
+            self._items.append((kind, payload, token))
+            self.ledger.queued += n
+            self._lock.notify_all()
 
     # --- the worker's side -----------------------------------------------------------------------
 
-    def _run(self) -> None:
-        pending = None
-        while True:
-            item = pending if pending is not None else self._queue.get()
-            pending = None
-            if item is _STOP:
-                self._queue.task_done()
-                return
-            kind, payload, token = item
+    def _take(self) -> tuple[str, Any, list[Any]] | None:
+        """The next item (same-kind spans or log records merged, up to _MAX_MERGE), now in flight;
+        None once stopped and empty."""
+        with self._lock:
+            while not self._items:
+                if self._closed:
+                    return None
+                self._lock.wait()
+            kind, payload, token = self._items.popleft()
             tokens = [token]
-            if kind in _MERGEABLE:  # take the run of same-kind items behind it, up to _MAX_MERGE
+            if kind in _MERGEABLE:  # take the run of same-kind items behind it
                 payload = list(payload)
-                while len(tokens) < _MAX_MERGE:
-                    try:
-                        nxt = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt is _STOP or nxt[0] != kind:
-                        pending = nxt
-                        break
-                    payload.extend(nxt[1])
-                    tokens.append(nxt[2])
-            with self._state:
-                self._inflight = (kind, payload, tokens)
-            self._handle(kind, payload)
-            with self._state:
-                self._inflight = None
-                mine = not self._given_up
+                while self._items and self._items[0][0] == kind and len(tokens) < _MAX_MERGE:
+                    _, more, token = self._items.popleft()
+                    payload.extend(more)
+                    tokens.append(token)
+            n = item_count(kind, payload)
+            self.ledger.queued -= n
+            self.ledger.in_flight += n
+            self._inflight = (kind, payload, tokens)
+            return self._inflight
+
+    def _run(self) -> None:
+        while (item := self._take()) is not None:
+            kind, payload, tokens = item
+            try:
+                self._attempt(kind, payload)
+            except Exception:  # the worker must never die: keep the item and go on
+                logger.exception("otel-tracking: sink %r worker error", self.name)
+                self._settle(kind, payload, delivered=False)
+            with self._lock:
+                mine, self._inflight = not self._given_up, None
+                self._lock.notify_all()
             if mine:
                 self._report_done(tokens)
-            for _ in tokens:
-                self._queue.task_done()
+
+    def _settle(self, kind: str, payload: Any, delivered: bool) -> bool:
+        """The in-flight item reached its end: delivered, or spooled.  False when stop() had given
+        it up (spooled it) meanwhile: then it is not this thread's to count."""
+        with self._lock:
+            if self._given_up or self._inflight is None:
+                return False
+            self.ledger.in_flight -= item_count(kind, payload)
+            if delivered:
+                self._count("delivered", item_count(kind, payload))
+            else:
+                self._set_aside(kind, payload)
+            self._inflight = None
+            return True
 
     def _report_done(self, tokens: list[Any]) -> None:
         if self._done is not None:
             for token in tokens:
                 self._done(token)
 
-    def _handle(self, kind: str, payload: Any) -> None:
-        try:
-            self._attempt(kind, payload)
-        except Exception:  # the worker must never die: count and go on
-            logger.exception("otel-tracking: sink %r worker error", self.name)
-            self._set_aside(kind, payload)
-
     def _attempt(self, kind: str, payload: Any) -> None:
-        now = time.monotonic()
-        if self._degraded_until and now < self._degraded_until:
-            self._set_aside(kind, payload)
+        if self._degraded_until and time.monotonic() < self._degraded_until:
+            self._settle(kind, payload, delivered=False)
             return
         attempts = 1 if (self._stopping.is_set() or self._degraded_until) else self.policy.max_attempts
         delay = self.policy.backoff_s
         for attempt in range(attempts):
-            delivered = self._deliver(kind, payload)
-            with self._state:
-                if self._given_up:  # stop() spooled this item while the export hung: not ours to count
-                    return
-                if delivered:
-                    self._count("delivered", item_count(kind, payload))
-            if delivered:
+            if self._deliver(kind, payload):
                 self._degraded_until = 0.0
+                self._settle(kind, payload, delivered=True)
                 return
             if attempt + 1 < attempts:
                 self._count("retried", 1)
@@ -290,9 +331,7 @@ class Worker:
                     break  # finishing: no more waiting on a failing backend
                 delay = min(delay * 2, self.policy.backoff_max_s)
         self._degraded_until = time.monotonic() + self.policy.probe_interval_s
-        with self._state:
-            if not self._given_up:
-                self._set_aside(kind, payload)
+        self._settle(kind, payload, delivered=False)
 
     def _set_aside(self, kind: str, payload: Any) -> None:
         set_aside(self.name, self.spool, kind, payload, self._count)
@@ -301,31 +340,32 @@ class Worker:
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything submitted so far was handled; False on timeout."""
-        return wait_handled(self._queue, timeout_s)
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._items and self._inflight is None, timeout_s)
 
     def stop(self, timeout_s: float) -> None:
-        """Drain (one attempt per item) until the deadline; spool what is left; end the thread."""
+        """Drain (one attempt per item) until the deadline; spool what is left, including an item
+        whose export still hangs then; end the thread."""
         self._stopping.set()
         deadline = time.monotonic() + timeout_s
-        self.flush(max(0.0, deadline - time.monotonic()))
-        while True:  # past the deadline: whatever is still queued goes to the spool
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _STOP:
-                kind, payload, token = item
+        self.flush(timeout_s)
+        with self._lock:  # past the deadline: whatever is still queued goes to the spool
+            while self._items:
+                kind, payload, token = self._items.popleft()
+                self.ledger.queued -= item_count(kind, payload)
                 self._set_aside(kind, payload)
                 self._report_done([token])
-            self._queue.task_done()
-        self._queue.put(_STOP)
+            self._closed = True
+            self._lock.notify_all()
         self._thread.join(max(0.1, deadline - time.monotonic()))
-        with self._state:  # an export still hanging past the deadline: its item goes to the spool
-            inflight, self._inflight = self._inflight, None
-            self._given_up = self._thread.is_alive()
-        if inflight is not None and self._given_up:
-            kind, payload, tokens = inflight
-            self._set_aside(kind, payload)
-            self._report_done(tokens)
+        with self._lock:
+            inflight = self._inflight if self._thread.is_alive() else None
+            if inflight is not None:
+                kind, payload, _ = inflight
+                self._given_up = True
+                self.ledger.in_flight -= item_count(kind, payload)
+                self._set_aside(kind, payload)
+        if inflight is not None:
+            self._report_done(inflight[2])
         if self.spool is not None:
             self.spool.close()
