@@ -19,6 +19,7 @@ later whatever their registration order, so our exporters flush into backends th
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import signal
@@ -343,9 +344,75 @@ def _finish_on_sigterm() -> None:
     def on_sigterm(signum: int, frame: Any) -> None:
         global _exit_code_at_exit
         _exit_code_at_exit = 128 + signum
+        _main_thread_unwinds.set()
         if callable(previous):
             previous(signum, frame)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
     _sigterm_installed = True
+    _watch_sigterm()
+
+
+# A main thread blocked in native code (a hung NCCL collective) runs no Python signal handler until
+# that call returns, so the handler above would make SIGTERM weaker than it is without us.  Python's
+# C-level handler still writes the signal number to the wakeup fd at once: a watcher thread reads it
+# and, if the process has not ended SIGTERM_GRACE_S later, finishes the open runs briefly (the file
+# sink is already on disk; queued items are spooled; the bridge process delivers what it holds)
+# and ends the process with 128 + SIGTERM.  When the handler did run (the usual case), the clean
+# path above finishes the runs, bounded by their own finish timeout, and the watcher does nothing.
+SIGTERM_GRACE_S = 3.0
+_main_thread_unwinds = threading.Event()  # the Python handler ran: the normal, clean path is under way
+
+
+def _watch_sigterm() -> None:
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread after all
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    if previous != -1:  # someone else's wakeup fd (asyncio's): theirs stays, no watcher
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                timer = threading.Timer(SIGTERM_GRACE_S, _end_after_sigterm)
+                timer.daemon = True
+                timer.start()
+
+    threading.Thread(target=watch, name="otel-tracking-sigterm", daemon=True).start()
+
+
+def _end_after_sigterm() -> None:
+    """The main thread did not unwind within the grace period: finish what can be finished in a
+    bounded time, then end the process as SIGTERM would have."""
+    if _main_thread_unwinds.is_set():
+        return
+    code = 128 + signal.SIGTERM
+    logger.warning("otel-tracking: SIGTERM, and the main thread is blocked; ending the process (exit %d)", code)
+    finisher = threading.Thread(target=_finish_all, args=(code,), daemon=True)
+    finisher.start()
+    finisher.join(SIGTERM_GRACE_S)
+    os._exit(code)
+
+
+def _finish_all(exit_code: int) -> None:
+    with _active_lock:
+        runs = [ref() for ref in _active_runs]
+    for run in runs:
+        if run is not None and not run.finished and run.pid == os.getpid():
+            run.settings = dataclasses.replace(run.settings, finish_timeout_s=min(1.0, run.settings.finish_timeout_s))
+            run.finish(exit_code)

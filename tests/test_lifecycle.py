@@ -167,3 +167,40 @@ def test_eight_threads_logging_at_once_lose_nothing(isolated: Path, monkeypatch:
         gauges = receiver.received.last_gauges()
         for lane in range(8):
             assert gauges[f"lane{lane}/value"] == lane * 1000 + 199
+
+
+BLOCKED = textwrap.dedent(
+    """
+    import ctypes, sys
+    from otel_tracking import Tracking
+
+    native = ctypes.CDLL(sys.argv[1])
+    t = Tracking("proj", "exp", default_backend="file")
+    for step in range(3):
+        t.log({"loss": 1.0 / (step + 1)}, step)
+    print("blocking", flush=True)
+    native.block_forever()  # a hung collective: native code that never returns, not even on EINTR
+    """
+)
+
+
+def test_sigterm_ends_a_process_blocked_in_native_code(tmp_path: Path) -> None:
+    """Without the library, SIGTERM kills a process stuck in native code at once; with a Tracking
+    open it must still end within a few seconds (not when the native call returns), data safe."""
+    source = tmp_path / "block.c"
+    source.write_text("#include <unistd.h>\nvoid block_forever(void) { for (;;) sleep(1); }\n")
+    library = tmp_path / "libblock.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True, timeout=60)
+    process = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED, str(library)], cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    assert "blocking" in iter(lambda: process.stdout.readline().strip(), "")  # waits for the line
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)  # a generous cap: without the watcher it would never return
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError("SIGTERM did not end a process blocked in native code") from None
+    assert process.returncode == 128 + signal.SIGTERM
+    assert file_steps(tmp_path / "proj" / "exp.jsonl") == [0, 1, 2]
