@@ -411,6 +411,7 @@ class Stack:
         scrape_interval: str = "1s",
         spanmetrics_flush: str = "5s",
         startup_timeout: float = 60.0,
+        collector_host: str = HOST,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         if ports is None:
@@ -424,6 +425,9 @@ class Stack:
         self.scrape_interval = scrape_interval
         self.spanmetrics_flush = spanmetrics_flush
         self.startup_timeout = startup_timeout
+        # "0.0.0.0" makes the collector a gateway that node agents on other hosts reach; Jaeger
+        # and Prometheus stay on loopback. (The stack itself still talks to it on 127.0.0.1.)
+        self.collector_host = collector_host
         self.targets_dir = self.workdir / "scrape-targets"
         self.log_dir = self.workdir / "logs"
         self.pid_dir = self.workdir / "pids"
@@ -499,6 +503,13 @@ class Stack:
         )
         return env
 
+    def program_env(self, name: str) -> dict[str, str]:
+        """The environment ``name`` runs with: the collector listens on ``collector_host``."""
+        env = self._program_env()
+        if name == "collector":
+            env["OTEL_TRACKING_HOST"] = self.collector_host
+        return env
+
     def _prometheus_config(self) -> Path:
         cfg = self.workdir / "prometheus.yml"
         cfg.write_text(
@@ -566,7 +577,7 @@ class Stack:
         it is healthy; with ``stop_program``, e.g. a gateway outage in a test."""
         if not self._started_binaries:
             raise StackError("start() the stack first")
-        env = self._program_env()
+        env = self.program_env(name)
         proc = _spawn(self._commands(self._started_binaries)[name], self.workdir, env, self.log_dir / f"{name}.log")
         self._procs[name] = proc
         (self.pid_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
@@ -867,6 +878,12 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", parents=[common], help="build or reuse the binaries and start the stack detached")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each program")
     up.add_argument("--free-ports", action="store_true", help="pick free ports instead of the defaults")
+    up.add_argument(
+        "--gateway",
+        action="store_true",
+        help="the collector listens on all interfaces (0.0.0.0), for node agents on other hosts; "
+        "Jaeger and Prometheus stay on 127.0.0.1",
+    )
     sub.add_parser("down", parents=[common], help="stop the stack started by `up`")
     sub.add_parser("build", parents=[common], help="build or reuse otelcol and jaeger, install prometheus; print paths")
     st = sub.add_parser("status", parents=[common], help="show what runs")
@@ -885,7 +902,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"stack already running (state: {state_dir}); `down` first", file=sys.stderr)
                 _print_status(existing)
                 return 1
-            stack = Stack(state_dir, Ports.free() if args.free_ports else Ports(), startup_timeout=args.timeout)
+            stack = Stack(
+                state_dir,
+                Ports.free() if args.free_ports else Ports(),
+                startup_timeout=args.timeout,
+                collector_host="0.0.0.0" if args.gateway else HOST,
+            )
             stack.start()
             print("otel-tracking stack is up")
             for key, value in stack.endpoints().items():
@@ -894,6 +916,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\nexport these to send telemetry to it:")
             for key, value in stack.client_env().items():
                 print(f"export {key}={value}")
+            if args.gateway:
+                print("\non every other node, run an agent (deploy/collector/agent.yaml) with:")
+                print(f"OTEL_TRACKING_GATEWAY_ENDPOINT={socket.getfqdn()}:{stack.ports.otlp_grpc}")
             return 0
         stack = _load_stack(state_dir)
         if args.command == "down":
