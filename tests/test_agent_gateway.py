@@ -254,12 +254,28 @@ def _tags(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {t["key"]: t["value"] for t in items}
 
 
-def _find_trace(stack: Stack, trace_id: str, n_spans: int) -> dict[str, Any] | None:
-    """The trace from Jaeger once it has ``n_spans`` spans (Jaeger may drop leading zeros of ids)."""
+def _find_trace(stack: Stack, trace_id: str) -> dict[str, Any] | None:
+    """The trace from Jaeger, as far as it arrived (Jaeger may drop leading zeros of ids)."""
     for trace in stack.jaeger_traces(DRIVER_SERVICE):
-        if int(trace["traceID"], 16) == int(trace_id, 16) and len(trace["spans"]) >= n_spans:
+        if int(trace["traceID"], 16) == int(trace_id, 16):
             return trace
     return None
+
+
+def wait_for_trace(stack: Stack, trace_id: str, n_spans: int, what: str) -> dict[str, Any]:
+    """Poll Jaeger until the trace has ``n_spans`` spans; on timeout, say which spans it has."""
+    seen: list[str] | None = None
+
+    def complete() -> dict[str, Any] | None:
+        nonlocal seen
+        trace = _find_trace(stack, trace_id)
+        seen = sorted(s["operationName"] for s in trace["spans"]) if trace else None
+        return trace if trace and len(trace["spans"]) >= n_spans else None
+
+    try:
+        return poll(complete, what=what)
+    except pytest.fail.Exception:
+        pytest.fail(f"{what}: wanted {n_spans} spans in trace {trace_id}; Jaeger has {seen}")
 
 
 def check_trace(
@@ -341,10 +357,7 @@ def test_workers_continue_the_driver_trace_through_agent_and_gateway(stack: Stac
 
     all_span_ids: list[int] = []
     for step, (root_ids, reports) in steps.items():
-        trace = poll(
-            lambda root_ids=root_ids: _find_trace(stack, root_ids["trace_id"], 1 + 2 * len(RANKS)),
-            what=f"the trace of step {step} in Jaeger",
-        )
+        trace = wait_for_trace(stack, root_ids["trace_id"], 1 + 2 * len(RANKS), f"the trace of step {step}")
         all_span_ids += check_trace(trace, step, root_ids, reports)
     # one trace per step, and no span id twice across workers and steps, though every worker seeded 0
     assert len({int(root["trace_id"], 16) for root, _ in steps.values()}) == len(STEPS)
@@ -380,14 +393,11 @@ def test_agent_queue_holds_everything_while_the_gateway_restarts(stack: Stack, a
             return retrying and agent.self_metrics().get("otelcol_exporter_queue_size", 0) > 0
 
         poll(held_and_retrying, what="the agent queueing and retrying while the gateway is down")
-        assert _find_trace(stack, root_ids["trace_id"], 1) is None  # nothing got past the agent
+        assert _find_trace(stack, root_ids["trace_id"]) is None  # nothing got past the agent
     finally:
         stack.start_program("collector")  # same ports; the agent reconnects on its own
 
-    trace = poll(
-        lambda: _find_trace(stack, root_ids["trace_id"], 1 + 2 * len(ranks)),
-        what="the spans sent during the outage in Jaeger",
-    )
+    trace = wait_for_trace(stack, root_ids["trace_id"], 1 + 2 * len(ranks), "the spans sent during the outage")
     check_trace(trace, OUTAGE_STEP, root_ids, reports)
     result = poll(lambda: _gauges(stack, {OUTAGE_STEP: reports}), what="the gauges sent during the outage")
     check_gauges(result, {OUTAGE_STEP: reports})
