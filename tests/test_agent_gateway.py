@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from otel_tracking.stack import Agent, AgentPorts, Ports, Stack, ensure_binaries
+from otel_tracking.stack import AGENT_CONFIG, Agent, AgentPorts, Ports, Stack, ensure_binaries
 from tests.test_stack import poll
 
 pytestmark = pytest.mark.stack
@@ -418,3 +418,26 @@ def test_gateway_mode_opens_only_the_collector(tmp_path: Path) -> None:
     assert gateway.program_env("collector")["OTEL_TRACKING_HOST"] == "0.0.0.0"
     assert gateway.program_env("jaeger")["OTEL_TRACKING_HOST"] == "127.0.0.1"
     assert Stack(tmp_path, Ports.free()).program_env("collector")["OTEL_TRACKING_HOST"] == "127.0.0.1"
+
+
+def test_agent_config_never_gives_up_and_is_bounded(binaries: dict[str, Path]) -> None:
+    """What the outage test cannot reach in seconds: the agent retries without a time limit (the
+    queue is the only bound), every pipeline is memory-limited and ends at the gateway, and the
+    collector accepts the file."""
+    import yaml
+
+    config = AGENT_CONFIG.read_text()
+    proc = subprocess.run(
+        [str(binaries["collector"]), "validate", "--config", str(AGENT_CONFIG)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(config)
+    exporter = cfg["exporters"]["otlp_grpc/gateway"]
+    assert exporter["retry_on_failure"]["enabled"] is True
+    assert exporter["retry_on_failure"]["max_elapsed_time"] == "0s"
+    queue = exporter["sending_queue"]
+    assert queue["enabled"] is True and queue["sizer"] == "bytes" and "storage" not in queue
+    assert set(cfg["service"]["pipelines"]) == {"traces", "metrics", "logs"}
+    for pipeline in cfg["service"]["pipelines"].values():
+        assert pipeline["processors"][0] == "memory_limiter"
+        assert pipeline["exporters"] == ["otlp_grpc/gateway"]
