@@ -918,7 +918,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"export {key}={value}")
             if args.gateway:
                 print("\non every other node, run an agent (deploy/collector/agent.yaml) with:")
-                print(f"OTEL_TRACKING_GATEWAY_ENDPOINT={socket.getfqdn()}:{stack.ports.otlp_grpc}")
+                endpoint = f"{socket.gethostname()}:{stack.ports.otlp_grpc}"
+                print(f"OTEL_TRACKING_GATEWAY_ENDPOINT={endpoint}   # this host as the other nodes reach it")
             return 0
         stack = _load_stack(state_dir)
         if args.command == "down":
