@@ -10,6 +10,9 @@ Real programs on the loopback interface, no containers:
 - ``prometheus``: Debian's ``/usr/bin/prometheus`` with a generated config that scrapes the
   collector's Prometheus exporter every second.
 
+That collector is also the *gateway* of a multi-node run; ``Agent`` runs the node-local agent
+(the same binary with ``deploy/collector/agent.yaml``) that forwards to it.
+
 Binaries are cached under ``~/.cache/otel-tracking/bin`` (``$OTEL_TRACKING_CACHE_DIR``
 overrides the root), keyed by version and, for the collector, a hash of the manifest, so a
 second run reuses them.
@@ -39,11 +42,13 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 __all__ = [
     "BUILDER_VERSION",
     "JAEGER_VERSION",
+    "Agent",
+    "AgentPorts",
     "Ports",
     "Stack",
     "StackError",
@@ -60,6 +65,7 @@ HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COLLECTOR_MANIFEST = REPO_ROOT / "deploy" / "collector" / "builder-config.yaml"
 COLLECTOR_CONFIG = REPO_ROOT / "collector-config.yaml"
+AGENT_CONFIG = REPO_ROOT / "deploy" / "collector" / "agent.yaml"
 JAEGER_CONFIG = REPO_ROOT / "deploy" / "jaeger" / "config.yaml"
 
 PROCESS_NAMES = ("jaeger", "collector", "prometheus")
@@ -251,23 +257,16 @@ def ensure_binaries() -> dict[str, Path]:
 # --------------------------------------------------------------------------- ports
 
 
-@dataclasses.dataclass
-class Ports:
-    """Every port the stack listens on (all on 127.0.0.1)."""
+_P = TypeVar("_P", bound="_PortSet")
 
-    otlp_grpc: int = 4317
-    otlp_http: int = 4318
-    prom_exporter: int = 8889
-    collector_health: int = 13133
-    jaeger_otlp_grpc: int = 14317
-    jaeger_otlp_http: int = 14318
-    jaeger_ui: int = 16686
-    jaeger_grpc: int = 16685
-    jaeger_health: int = 13134
-    prometheus: int = 9090
+
+class _PortSet:
+    """Shared by the port dataclasses: free ports for tests, (de)serialization."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # subclasses are dataclasses
 
     @classmethod
-    def free(cls) -> Ports:
+    def free(cls: type[_P]) -> _P:
         """Ports the kernel reports free right now (for tests)."""
         socks = []
         try:
@@ -283,12 +282,39 @@ class Ports:
         return cls(*values)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, int]) -> Ports:
+    def from_dict(cls: type[_P], data: Mapping[str, int]) -> _P:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: int(v) for k, v in data.items() if k in names})
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Ports(_PortSet):
+    """Every port the stack listens on (all on 127.0.0.1)."""
+
+    otlp_grpc: int = 4317
+    otlp_http: int = 4318
+    prom_exporter: int = 8889
+    collector_health: int = 13133
+    jaeger_otlp_grpc: int = 14317
+    jaeger_otlp_http: int = 14318
+    jaeger_ui: int = 16686
+    jaeger_grpc: int = 16685
+    jaeger_health: int = 13134
+    prometheus: int = 9090
+
+
+@dataclasses.dataclass
+class AgentPorts(_PortSet):
+    """Ports of a node agent that shares its host with the stack (the gateway): the production
+    defaults of ``deploy/collector/agent.yaml`` (4317, 4318, 13133, 8888) plus 20000."""
+
+    otlp_grpc: int = 24317
+    otlp_http: int = 24318
+    health: int = 33133
+    metrics: int = 28888
 
 
 # --------------------------------------------------------------------------- stack
@@ -329,6 +355,44 @@ def _pid_runs(pid: int, binary: str) -> bool:
     return Path(exe.removesuffix(" (deleted)")).name == Path(binary).name
 
 
+def _spawn(cmd: Sequence[str], cwd: Path, env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start a program in its own session, stdout and stderr appended to ``log_path``."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(cmd),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _wait_healthy(name: str, url: str, proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -> None:
+    """Poll ``url`` until it answers 200; fail early when ``proc`` exits, with the log's tail."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StackError(f"{name} exited with {proc.returncode}:\n{_log_tail(log_path)}")
+        try:
+            status, _ = _http_get(url, timeout=1.0)
+            if status == 200:
+                return
+            last = f"HTTP {status}"
+        except OSError as err:
+            last = str(err)
+        time.sleep(0.1)
+    raise StackError(f"{name} not healthy at {url} after {timeout:.0f} s ({last}):\n{_log_tail(log_path)}")
+
+
 class Stack:
     """The three programs, started as subprocesses with logs and pid files in ``workdir``.
 
@@ -347,6 +411,7 @@ class Stack:
         scrape_interval: str = "1s",
         spanmetrics_flush: str = "5s",
         startup_timeout: float = 60.0,
+        collector_host: str = HOST,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         if ports is None:
@@ -360,10 +425,14 @@ class Stack:
         self.scrape_interval = scrape_interval
         self.spanmetrics_flush = spanmetrics_flush
         self.startup_timeout = startup_timeout
+        # "0.0.0.0" makes the collector a gateway that node agents on other hosts reach; Jaeger
+        # and Prometheus stay on loopback. (The stack itself still talks to it on 127.0.0.1.)
+        self.collector_host = collector_host
         self.targets_dir = self.workdir / "scrape-targets"
         self.log_dir = self.workdir / "logs"
         self.pid_dir = self.workdir / "pids"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._started_binaries: dict[str, Path] = {}
 
     # ---------------------------------------------------------------- endpoints
 
@@ -374,6 +443,11 @@ class Stack:
     @property
     def otlp_grpc_endpoint(self) -> str:
         return f"http://{HOST}:{self.ports.otlp_grpc}"
+
+    @property
+    def gateway_endpoint(self) -> str:
+        """``host:port`` of the collector's OTLP/gRPC receiver, what a node agent forwards to."""
+        return f"{HOST}:{self.ports.otlp_grpc}"
 
     @property
     def jaeger_url(self) -> str:
@@ -429,6 +503,13 @@ class Stack:
         )
         return env
 
+    def program_env(self, name: str) -> dict[str, str]:
+        """The environment ``name`` runs with: the collector listens on ``collector_host``."""
+        env = self._program_env()
+        if name == "collector":
+            env["OTEL_TRACKING_HOST"] = self.collector_host
+        return env
+
     def _prometheus_config(self) -> Path:
         cfg = self.workdir / "prometheus.yml"
         cfg.write_text(
@@ -482,53 +563,28 @@ class Stack:
         (self.workdir / "stack.json").write_text(
             json.dumps({"ports": self.ports.as_dict(), "binaries": {k: str(v) for k, v in binaries.items()}}, indent=2)
         )
-        env = self._program_env()
-        commands = self._commands(binaries)
-        health = self._health_urls()
+        self._started_binaries = dict(binaries)
         try:
             for name in PROCESS_NAMES:
-                log = (self.log_dir / f"{name}.log").open("ab")
-                proc = subprocess.Popen(
-                    commands[name],
-                    cwd=self.workdir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-                log.close()
-                self._procs[name] = proc
-                (self.pid_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
-                self._wait_healthy(name, health[name], proc)
+                self.start_program(name)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_healthy(self, name: str, url: str, proc: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        last = "no answer"
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise StackError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
-            try:
-                status, _ = _http_get(url, timeout=1.0)
-                if status == 200:
-                    return
-                last = f"HTTP {status}"
-            except OSError as err:
-                last = str(err)
-            time.sleep(0.1)
-        raise StackError(
-            f"{name} not healthy at {url} after {self.startup_timeout:.0f} s ({last}):\n{self.log_tail(name)}"
-        )
+    def start_program(self, name: str) -> None:
+        """Start one of the programs of a started stack (again, on the same ports) and wait until
+        it is healthy; with ``stop_program``, e.g. a gateway outage in a test."""
+        if not self._started_binaries:
+            raise StackError("start() the stack first")
+        env = self.program_env(name)
+        proc = _spawn(self._commands(self._started_binaries)[name], self.workdir, env, self.log_dir / f"{name}.log")
+        self._procs[name] = proc
+        (self.pid_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
+        _wait_healthy(name, self._health_urls()[name], proc, self.startup_timeout, self.log_dir / f"{name}.log")
 
     def log_tail(self, name: str, lines: int = 30) -> str:
-        path = self.log_dir / f"{name}.log"
-        if not path.exists():
-            return "(no log)"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return _log_tail(self.log_dir / f"{name}.log", lines)
 
     def _read_pid(self, name: str) -> int | None:
         try:
@@ -545,14 +601,17 @@ class Stack:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM each program by pid (prometheus, collector, jaeger), SIGKILL after ``timeout``."""
-        names = self._binary_names()
         for name in reversed(PROCESS_NAMES):
-            proc = self._procs.pop(name, None)
-            pid = proc.pid if proc is not None else self._read_pid(name)
-            if pid is not None and (proc is not None or _pid_runs(pid, names.get(name, name))):
-                self._terminate(pid, proc, timeout)
-            with contextlib.suppress(OSError):
-                (self.pid_dir / f"{name}.pid").unlink()
+            self.stop_program(name, timeout)
+
+    def stop_program(self, name: str, timeout: float = 10.0) -> None:
+        """SIGTERM one program by pid, SIGKILL after ``timeout``; remove its pid file."""
+        proc = self._procs.pop(name, None)
+        pid = proc.pid if proc is not None else self._read_pid(name)
+        if pid is not None and (proc is not None or _pid_runs(pid, self._binary_names().get(name, name))):
+            self._terminate(pid, proc, timeout)
+        with contextlib.suppress(OSError):
+            (self.pid_dir / f"{name}.pid").unlink()
 
     @staticmethod
     def _terminate(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
@@ -640,6 +699,159 @@ class Stack:
         remove_targets_files(self.targets_dir, job_name)
 
 
+# --------------------------------------------------------------------------- node agent
+
+
+class Agent:
+    """A node agent: ``otelcol --config deploy/collector/agent.yaml``, forwarding everything it
+    receives to a gateway (``Stack``'s collector, or any OTLP/gRPC endpoint) through a retrying,
+    bounded in-memory queue. Log and pid file in ``workdir`` (``logs/agent.log``, ``pids/agent.pid``).
+
+    >>> with Stack(tmp_path / "gw", Ports.free()) as stack:
+    ...     with Agent(tmp_path / "agent", stack.gateway_endpoint, AgentPorts.free()) as agent:
+    ...         env = agent.client_env()  # what the processes on this node export
+    """
+
+    name = "agent"
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        gateway_endpoint: str,
+        ports: AgentPorts | Mapping[str, int] | None = None,
+        *,
+        binary: str | os.PathLike[str] | None = None,
+        config: str | os.PathLike[str] = AGENT_CONFIG,
+        node_name: str | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        if ports is None:
+            ports = AgentPorts()
+        elif not isinstance(ports, AgentPorts):
+            ports = AgentPorts.from_dict(ports)
+        self.ports = ports
+        self.gateway_endpoint = gateway_endpoint
+        self.binary = Path(binary) if binary else None
+        self.config = Path(config)
+        self.node_name = node_name or socket.gethostname()
+        self.startup_timeout = startup_timeout
+        self.log_path = self.workdir / "logs" / f"{self.name}.log"
+        self.pid_path = self.workdir / "pids" / f"{self.name}.pid"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def otlp_http_endpoint(self) -> str:
+        return f"http://{HOST}:{self.ports.otlp_http}"
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        return f"http://{HOST}:{self.ports.otlp_grpc}"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://{HOST}:{self.ports.health}/"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.ports.metrics}/metrics"
+
+    def client_env(self) -> dict[str, str]:
+        """What every process on the node exports to send its telemetry to this agent."""
+        return {"OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+
+    def program_env(self) -> dict[str, str]:
+        """The agent's own environment: the variables ``agent.yaml`` reads."""
+        env = dict(os.environ)
+        env.update(
+            {
+                "OTEL_TRACKING_AGENT_HOST": HOST,
+                "OTEL_TRACKING_AGENT_OTLP_GRPC_PORT": str(self.ports.otlp_grpc),
+                "OTEL_TRACKING_AGENT_OTLP_HTTP_PORT": str(self.ports.otlp_http),
+                "OTEL_TRACKING_AGENT_HEALTH_PORT": str(self.ports.health),
+                "OTEL_TRACKING_AGENT_METRICS_PORT": str(self.ports.metrics),
+                "OTEL_TRACKING_GATEWAY_ENDPOINT": self.gateway_endpoint,
+                "OTEL_TRACKING_NODE_NAME": self.node_name,
+            }
+        )
+        return env
+
+    def _read_pid(self) -> int | None:
+        try:
+            return int(self.pid_path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else self._read_pid()
+
+    def start(self) -> Agent:
+        """Start the agent and wait until its health check answers."""
+        pid = self._read_pid()
+        if pid is not None and _pid_alive(pid):
+            raise StackError(f"the agent already runs from {self.workdir} (pid {pid})")
+        if not self.config.exists():
+            raise StackError(f"config file missing: {self.config}")
+        binary = self.binary or build_collector()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.pid_path.parent.mkdir(parents=True, exist_ok=True)
+        self._proc = _spawn(
+            [str(binary), "--config", str(self.config)], self.workdir, self.program_env(), self.log_path
+        )
+        self.pid_path.write_text(f"{self._proc.pid}\n")
+        try:
+            _wait_healthy(self.name, self.health_url, self._proc, self.startup_timeout, self.log_path)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM by pid, SIGKILL after ``timeout``. A memory queue still holding data is lost."""
+        proc, self._proc = self._proc, None
+        pid = proc.pid if proc is not None else self._read_pid()
+        binary_name = self.binary.name if self.binary else "otelcol"
+        if pid is not None and (proc is not None or _pid_runs(pid, binary_name)):
+            Stack._terminate(pid, proc, timeout)
+        with contextlib.suppress(OSError):
+            self.pid_path.unlink()
+
+    def status(self) -> dict[str, Any]:
+        pid = self.pid
+        running = pid is not None and (self._proc.poll() is None if self._proc is not None else _pid_alive(pid))
+        healthy = False
+        if running:
+            with contextlib.suppress(OSError):
+                healthy = _http_get(self.health_url, timeout=1.0)[0] == 200
+        return {"pid": pid, "running": running, "healthy": healthy, "health_url": self.health_url}
+
+    def log_tail(self, lines: int = 30) -> str:
+        return _log_tail(self.log_path, lines)
+
+    def self_metrics(self) -> dict[str, float]:
+        """The agent's own metrics, summed over labels: e.g. ``otelcol_exporter_queue_size``
+        (bytes held for the gateway, queued or being retried), ``otelcol_exporter_sent_spans``,
+        ``otelcol_exporter_send_failed_spans`` (given up), ``otelcol_receiver_accepted_spans``."""
+        status, body = _http_get(self.metrics_url, timeout=2.0)
+        if status != 200:
+            raise StackError(f"GET {self.metrics_url}: HTTP {status}")
+        totals: dict[str, float] = {}
+        for line in body.decode().splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name_labels, _, value = line.rpartition(" ")
+            name = name_labels.split("{", 1)[0]
+            totals[name] = totals.get(name, 0.0) + float(value)
+        return totals
+
+    def __enter__(self) -> Agent:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -666,6 +878,12 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", parents=[common], help="build or reuse the binaries and start the stack detached")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each program")
     up.add_argument("--free-ports", action="store_true", help="pick free ports instead of the defaults")
+    up.add_argument(
+        "--gateway",
+        action="store_true",
+        help="the collector listens on all interfaces (0.0.0.0), for node agents on other hosts; "
+        "Jaeger and Prometheus stay on 127.0.0.1",
+    )
     sub.add_parser("down", parents=[common], help="stop the stack started by `up`")
     sub.add_parser("build", parents=[common], help="build or reuse otelcol and jaeger, install prometheus; print paths")
     st = sub.add_parser("status", parents=[common], help="show what runs")
@@ -684,7 +902,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"stack already running (state: {state_dir}); `down` first", file=sys.stderr)
                 _print_status(existing)
                 return 1
-            stack = Stack(state_dir, Ports.free() if args.free_ports else Ports(), startup_timeout=args.timeout)
+            stack = Stack(
+                state_dir,
+                Ports.free() if args.free_ports else Ports(),
+                startup_timeout=args.timeout,
+                collector_host="0.0.0.0" if args.gateway else HOST,
+            )
             stack.start()
             print("otel-tracking stack is up")
             for key, value in stack.endpoints().items():
@@ -693,6 +916,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\nexport these to send telemetry to it:")
             for key, value in stack.client_env().items():
                 print(f"export {key}={value}")
+            if args.gateway:
+                print("\non every other node, run an agent (deploy/collector/agent.yaml) with:")
+                endpoint = f"{socket.gethostname()}:{stack.ports.otlp_grpc}"
+                print(f"OTEL_TRACKING_GATEWAY_ENDPOINT={endpoint}   # this host as the other nodes reach it")
             return 0
         stack = _load_stack(state_dir)
         if args.command == "down":
