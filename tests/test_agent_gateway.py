@@ -2,11 +2,12 @@
 
 The gateway is the stack's collector (``collector-config.yaml``); the agent is the same otelcol
 binary with ``deploy/collector/agent.yaml``, forwarding over OTLP/gRPC. The test process plays the
-verl driver: a root span "step" per step, under which it runs worker subprocesses that continue
-the trace from a W3C ``TRACEPARENT`` environment variable and send spans and a gauge with the plain
-OpenTelemetry SDK over OTLP/HTTP to the agent. Everything is read back through Jaeger's and
-Prometheus' HTTP APIs. A second test stops the gateway while a worker sends, restarts it on the
-same ports, and finds everything the agent queued meanwhile.
+verl driver: a ``Tracking`` whose step root span (``ml.step``) is the parent of worker
+subprocesses that never build a ``Tracking``: they continue the trace from the W3C ``TRACEPARENT``
+environment variable with ``trace_state`` and send a gauge with ``RLInsightLogger``, over OTLP/HTTP
+to the agent (a second worker, the plain OpenTelemetry SDK, shows any OTel app works the same).
+Everything is read back through Jaeger's and Prometheus' HTTP APIs. A second test stops the
+gateway while workers send, restarts it on the same ports, and finds everything the agent queued.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace.id_generator import IdGenerator
 
+from otel_tracking.ids import ID_GENERATOR
 from otel_tracking.stack import AGENT_CONFIG, Agent, AgentPorts, Ports, Stack, ensure_binaries
 from tests.test_stack import poll
 
@@ -44,18 +45,6 @@ def gauge_value(rank: int, step: int) -> float:
     return 100.0 * (rank + 1) + step  # exact in binary and in Prometheus' text
 
 
-class UrandomIdGenerator(IdGenerator):
-    """Span and trace ids from os.urandom. The SDK's default RandomIdGenerator draws from the
-    global ``random`` module: every worker that calls ``random.seed(0)`` (as RL code does) would
-    make the same span ids, and two runs with the same seed the same trace ids."""
-
-    def generate_span_id(self) -> int:
-        return int.from_bytes(os.urandom(8), "big") or 1
-
-    def generate_trace_id(self) -> int:
-        return int.from_bytes(os.urandom(16), "big") or 1
-
-
 # --------------------------------------------------------------------------- the worker (the seam)
 #
 # WORKER names the function each worker process runs. The contract, so that it can be swapped for
@@ -66,7 +55,31 @@ class UrandomIdGenerator(IdGenerator):
 #        = gauge_value(rank, step); resource service.name, ml.run.id, ml.rank, host.name, process.pid;
 #        everything exported before the process exits;
 #   stdout, last line: {"rank", "pid", "trace_id", "spans": {"rollout": hex, "generate": hex}}.
-WORKER = "tests.test_agent_gateway:plain_sdk_worker"
+WORKER = "tests.test_agent_gateway:otel_tracking_worker"
+
+
+def otel_tracking_worker() -> None:
+    """One worker process with otel-tracking's own API, as a verl worker actor runs it: no Tracking;
+    the first trace_state builds the process's worker run from the environment (see the contract)."""
+    import random
+
+    random.seed(0)
+    os.environ["VERL_RL_INSIGHT_ENABLE"] = "1"  # RLInsightLogger gauges, as verl's workers send them
+
+    from otel_tracking import RLInsightLogger, trace_state
+
+    rank, step = int(os.environ["RANK"]), int(os.environ["ML_STEP"])
+    with trace_state("rollout", state_lane_id=f"rank_{rank}", step=step) as rollout:
+        with trace_state("generate") as generate:
+            RLInsightLogger.log({GAUGE: gauge_value(rank, step)}, step)
+    ctx = rollout.get_span_context()
+    report = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "trace_id": f"{ctx.trace_id:032x}",
+        "spans": {"rollout": f"{ctx.span_id:016x}", "generate": f"{generate.get_span_context().span_id:016x}"},
+    }
+    print(json.dumps(report), flush=True)  # the runs are flushed at exit
 
 
 def plain_sdk_worker() -> None:
@@ -95,7 +108,7 @@ def plain_sdk_worker() -> None:
         }
     )
     # the exporters read OTEL_EXPORTER_OTLP_ENDPOINT (+ /v1/traces, /v1/metrics): nothing else is set
-    spans = TracerProvider(resource=resource, id_generator=UrandomIdGenerator(), shutdown_on_exit=False)
+    spans = TracerProvider(resource=resource, id_generator=ID_GENERATOR, shutdown_on_exit=False)
     spans.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
     reader = PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=3_600_000)
     meters = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
@@ -118,9 +131,11 @@ def plain_sdk_worker() -> None:
     print(json.dumps(report), flush=True)
 
 
-def run_workers(agent: Agent, step: int, ranks: Sequence[int], traceparent: str) -> dict[int, dict[str, Any]]:
+def run_workers(
+    agent: Agent, step: int, ranks: Sequence[int], traceparent: str, worker: str = WORKER
+) -> dict[int, dict[str, Any]]:
     """Start one worker process per rank, all at once, and wait for them; their reports by rank."""
-    module, func = WORKER.split(":")
+    module, func = worker.split(":")
     code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from {module} import {func}; {func}()"
     procs: dict[int, subprocess.Popen[str]] = {}
     try:
@@ -154,48 +169,40 @@ def run_workers(agent: Agent, step: int, ranks: Sequence[int], traceparent: str)
 
 
 class Driver:
-    """The test process as the verl driver: its own spans (and a log record per step) to the agent."""
+    """The test process as the verl driver: a Tracking whose OTLP goes to the agent; each step's
+    root span (``ml.step``) is the parent of the workers' spans, and each step ends with a log()
+    and a validation-generations event (a log record)."""
 
-    def __init__(self, agent: Agent) -> None:
-        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk._logs import LoggerProvider
-        from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    def __init__(self, agent: Agent, worker: str = WORKER) -> None:
+        from otel_tracking import Tracking
 
-        resource = Resource.create(
-            {
-                "service.name": DRIVER_SERVICE,
-                "ml.run.id": RUN_ID,
-                "host.name": socket.gethostname(),
-                "process.pid": os.getpid(),
-            }
-        )
-        base = agent.otlp_http_endpoint
-        self.tracers = TracerProvider(resource=resource, id_generator=UrandomIdGenerator(), shutdown_on_exit=False)
-        self.tracers.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{base}/v1/traces")))
-        self.loggers = LoggerProvider(resource=resource, shutdown_on_exit=False)
-        self.loggers.add_log_record_processor(SimpleLogRecordProcessor(OTLPLogExporter(endpoint=f"{base}/v1/logs")))
+        self.env = pytest.MonkeyPatch()
+        for key, value in {
+            **agent.client_env(),
+            "OTEL_SERVICE_NAME": DRIVER_SERVICE,
+            "OTEL_TRACKING_RUN_ID": RUN_ID,
+            "OTEL_METRIC_EXPORT_INTERVAL": "500",
+        }.items():
+            self.env.setenv(key, value)
+        self.tracking = Tracking("agent-gateway", "chain", default_backend="file")
         self.agent = agent
+        self.worker = worker
 
     def step(self, step: int, ranks: Sequence[int]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
-        """Root span "step", workers under it (their parent through TRACEPARENT); ids and reports."""
-        from opentelemetry import propagate
+        """Workers under the step's root span (their parent through TRACEPARENT); ids and reports."""
+        from otel_tracking import ValidationGenerationsLogger
+        from otel_tracking.propagation import inject
 
-        tracer = self.tracers.get_tracer("driver")
-        with tracer.start_as_current_span("step", attributes={"ml.step": step}) as span:
-            carrier: dict[str, str] = {}
-            propagate.inject(carrier)
-            reports = run_workers(self.agent, step, ranks, carrier["traceparent"])
-        self.loggers.get_logger("driver").emit(body=f"step {step} done", attributes={"ml.step": step})
-        ctx = span.get_span_context()
-        return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}, reports
+        carrier = inject()  # outside any span: the step's root span
+        reports = run_workers(self.agent, step, ranks, carrier["traceparent"], self.worker)
+        ValidationGenerationsLogger().log(["file"], [["q", "a", 1.0]], step)
+        self.tracking.log({"driver.step_done": 1.0}, step)  # ends the step's root span
+        _, trace_id, span_id, _ = carrier["traceparent"].split("-")
+        return {"trace_id": trace_id, "span_id": span_id}, reports
 
     def shutdown(self) -> None:
-        self.tracers.shutdown()
-        self.loggers.shutdown()
+        self.tracking.finish()
+        self.env.undo()
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -290,7 +297,7 @@ def check_trace(
     by_id = {int(s["spanID"], 16): s for s in spans}
     assert len(by_id) == len(spans), "duplicate span ids in one trace"
 
-    (root,) = [s for s in spans if s["operationName"] == "step"]
+    (root,) = [s for s in spans if s["operationName"] == "ml.step"]
     assert int(root["spanID"], 16) == int(root_ids["span_id"], 16)
     assert not root.get("references")
     assert _tags(root["tags"])["ml.step"] == step
@@ -382,7 +389,7 @@ def test_agent_queue_holds_everything_while_the_gateway_restarts(stack: Stack, a
     stack.stop_program("collector")
     try:
         assert not stack.status()["collector"]["running"]
-        driver = Driver(agent)
+        driver = Driver(agent, worker="tests.test_agent_gateway:plain_sdk_worker")  # any OTel app, too
         try:
             root_ids, reports = driver.step(OUTAGE_STEP, ranks)
         finally:
