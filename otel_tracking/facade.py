@@ -7,7 +7,8 @@ all deliberate:
 * an unknown backend raises ``ValueError`` listing the supported names (the reference asserted);
 * ``config=None`` works with every backend;
 * ``with Tracking(...) as t:`` finishes on exit, with exit code 1 when the block raised;
-* a run that was never finished is finished once at interpreter exit, after its exporters flushed;
+* a run that was never finished is finished once at interpreter exit, after its exporters flushed
+  (also when the ``Tracking`` object was dropped: nothing is done in a garbage-collector finalizer);
 * ``finish()`` returns per-sink delivery counts.
 """
 
@@ -141,12 +142,6 @@ class Tracking:
     ) -> None:
         self.finish(exit_code=0 if exc_type is None else 1)
 
-    def __del__(self) -> None:
-        try:
-            if getattr(self, "_run", None) is not None and not self._finished:
-                self.finish()
-        except Exception:  # never raise from a finalizer
-            pass
 
 
 def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:

@@ -130,6 +130,12 @@ def build_otlp_sinks(settings: Settings) -> dict[str, Sink]:
         )
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
 
+    if otlp.protocol != "grpc":
+        # requests imports netrc on a session's first request, on our worker thread: a fork() in
+        # the middle of that import leaves the module's import lock held in the child, whose own
+        # exports then hang on it forever.  Import it now, before any worker runs.
+        import netrc  # noqa: F401
+
     where = describe_otlp(settings)
     _warn_if_unreachable(otlp.endpoint)
     # Over HTTP, a CA file from OTEL_EXPORTER_OTLP_CERTIFICATE must win over REQUESTS_CA_BUNDLE,

@@ -25,7 +25,6 @@ import os
 import signal
 import threading
 import time
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,16 +50,17 @@ logger = logging.getLogger("otel_tracking")
 
 ENDED_BY_ATTRIBUTE = "ml.span.ended_by"  # set on spans that finish() ended while still open
 
-_active_runs: list[weakref.ref[Run]] = []
+# Unfinished runs, oldest first; a run leaves at finish().  Held strongly: a Tracking dropped
+# without finish() keeps its run until the exit hook finishes it (no work in GC finalizers).
+_active_runs: list[Run] = []
 _active_lock = threading.Lock()
 
 
 def current_run() -> Run | None:
     """The most recently started run of this process that is not finished."""
     with _active_lock:
-        for ref in reversed(_active_runs):
-            run = ref()
-            if run is not None and not run.finished and run.pid == os.getpid():
+        for run in reversed(_active_runs):
+            if not run.finished and run.pid == os.getpid():
                 return run
     return None
 
@@ -69,9 +69,8 @@ def inherited_identity() -> dict[str, str]:
     """The identity of the newest unfinished run this process inherited through ``fork()`` (a
     DataLoader worker, a forked helper): its spans belong to that run."""
     with _active_lock:
-        for ref in reversed(_active_runs):
-            run = ref()
-            if run is not None and not run.finished and run.pid != os.getpid():
+        for run in reversed(_active_runs):
+            if not run.finished and run.pid != os.getpid():
                 return dict(run.identity)
     return {}
 
@@ -168,8 +167,8 @@ class Run:
         self.event_logger = self.logger_provider.get_logger("otel_tracking", __version__)
 
         with _active_lock:
-            _active_runs.append(weakref.ref(self))
-        _at_exit(self)
+            _active_runs.append(self)
+        _finish_at_exit()
         if driver:
             _finish_on_sigterm()
 
@@ -257,6 +256,9 @@ class Run:
             if self.finished:
                 return self.stats()
             self.finished = True
+        with _active_lock:
+            if self in _active_runs:
+                _active_runs.remove(self)
         if self.pid != os.getpid():
             return self.stats()
         deadline = time.monotonic() + self.settings.finish_timeout_s
@@ -307,22 +309,27 @@ def _warn_forked_once() -> None:
 _exit_code_at_exit = 0
 
 
-def _at_exit(run: Run) -> None:
-    """Finish ``run`` at exit unless it was finished (a weak reference: the hook keeps nothing alive)."""
-    ref = weakref.ref(run)
+_exit_hook_pid: int | None = None
 
-    def finish_if_open() -> None:
-        live = ref()
-        if live is not None and not live.finished:
-            live.finish(exit_code=_exit_code_at_exit)
 
+def _finish_at_exit() -> None:
+    """Once per process: finish every run still open when the interpreter exits, newest first."""
+    global _exit_hook_pid
+    if _exit_hook_pid == os.getpid():
+        return
+    _exit_hook_pid = os.getpid()
     register = getattr(threading, "_register_atexit", None)  # private, but stable since 3.9
     try:
         if register is None:
             raise RuntimeError("no threading exit hook")
-        register(finish_if_open)
+        register(_finish_open_runs)
     except RuntimeError:
-        atexit.register(finish_if_open)
+        atexit.register(_finish_open_runs)
+
+
+def _finish_open_runs() -> None:
+    while (run := current_run()) is not None:
+        run.finish(exit_code=_exit_code_at_exit)
 
 
 _sigterm_installed = False

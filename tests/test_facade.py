@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -201,15 +199,27 @@ def test_finish_is_idempotent_and_returns_counts(isolated: Path) -> None:
     assert records(isolated / "proj" / "exp.jsonl") == [(1, {"x": 1})]
 
 
-def test_del_is_safe_even_for_a_half_built_object() -> None:
-    with pytest.raises(ValueError):
-        Tracking("p", "e", default_backend="nope")
-    half = Tracking.__new__(Tracking)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        half.__del__()
-        del half
+def test_a_dropped_tracking_is_finished_at_exit_not_in_a_finalizer(tmp_path: Path) -> None:
+    """No work in __del__ (a finish() there could wait 30 s inside the garbage collector): a
+    Tracking dropped without finish() keeps its run, and the exit hook finishes it, once."""
+    script = textwrap.dedent(
+        """
+        import gc
+        from otel_tracking import Tracking
+        from otel_tracking.run import current_run
+
+        t = Tracking("proj", "exp", default_backend="file")
+        t.logger["file"]._on_finish = lambda code: print(f"finished with {code}", flush=True)
+        t.log({"x": 1}, 1)
+        del t
         gc.collect()
+        print("collected; open run:", current_run() is not None, flush=True)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-2:] == ["collected; open run: True", "finished with 0"]
+    assert not hasattr(Tracking, "__del__")
 
 
 def test_unwritable_file_directory_is_one_clear_error(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
