@@ -42,6 +42,10 @@ class Policy:
     backoff_s: float = 0.1
     backoff_max_s: float = 2.0
     probe_interval_s: float = 5.0
+    # Spans and log records: at most one export per interval (0: each leaves as soon as it is queued).
+    # One that comes after a quiet interval still leaves at once; a busy sink's items wait at most
+    # this long and then leave together, one request instead of one each.
+    export_interval_s: float = 0.0
 
 
 class Spool:
@@ -137,6 +141,11 @@ class Worker:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.policy.queue_size)
         self._stopping = threading.Event()
         self._degraded_until = 0.0  # monotonic time of the next probe while degraded
+        self._next_export = 0.0  # spans and log records wait until then (policy.export_interval_s)
+        self._holding = False  # the worker is waiting for _next_export
+        self._wake = threading.Event()  # ends that wait: a backlog, a flush or the stop
+        self._hurry = 0  # flushes in progress: no waiting for _next_export meanwhile
+        self._hurry_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"otel-tracking-{name}", daemon=True)
         self._thread.start()
 
@@ -148,6 +157,9 @@ class Worker:
         except queue.Full:
             self._set_aside(kind, payload)
             self._report_done([token])
+            return
+        if self._holding and self._queue.unfinished_tasks >= _MAX_MERGE:
+            self._wake.set()  # a full export's worth is waiting: no reason to hold it back
 
     # --- the worker's side -----------------------------------------------------------------------
 
@@ -162,6 +174,7 @@ class Worker:
             kind, payload, token = item
             tokens = [token]
             if kind in _MERGEABLE:  # take the run of same-kind items behind it, up to _MAX_MERGE
+                self._hold()
                 payload = list(payload)
                 while len(tokens) < _MAX_MERGE:
                     try:
@@ -177,6 +190,21 @@ class Worker:
             self._report_done(tokens)
             for _ in tokens:
                 self._queue.task_done()
+
+    def _hold(self) -> None:
+        """With ``export_interval_s``: wait until that long after the previous export of spans or
+        log records, unless a full export's worth is queued, a flush is waiting or the sink stops."""
+        interval = self.policy.export_interval_s
+        if not interval:
+            return
+        wait = self._next_export - time.monotonic()
+        if wait > 0:
+            self._wake.clear()
+            self._holding = True  # before the checks: a submit() from now on may wake us
+            if not self._hurry and not self._stopping.is_set() and self._queue.unfinished_tasks < _MAX_MERGE:
+                self._wake.wait(wait)
+            self._holding = False
+        self._next_export = time.monotonic() + interval
 
     def _report_done(self, tokens: list[Any]) -> None:
         if self._done is not None:
@@ -216,11 +244,19 @@ class Worker:
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything submitted so far was handled; False on timeout."""
-        return wait_handled(self._queue, timeout_s)
+        with self._hurry_lock:
+            self._hurry += 1
+        self._wake.set()
+        try:
+            return wait_handled(self._queue, timeout_s)
+        finally:
+            with self._hurry_lock:
+                self._hurry -= 1
 
     def stop(self, timeout_s: float) -> None:
         """Drain (one attempt per item) until the deadline; spool what is left; end the thread."""
         self._stopping.set()
+        self._wake.set()
         deadline = time.monotonic() + timeout_s
         self.flush(max(0.0, deadline - time.monotonic()))
         while True:  # past the deadline: whatever is still queued goes to the spool
