@@ -239,6 +239,15 @@ def _rss_mb() -> float:
     return 0.0
 
 
+def use_export_interval(run: Any, interval_s: float) -> None:
+    """The delivery option this bench compares (``Policy.export_interval_s``), on a built run's sinks."""
+    import dataclasses
+
+    for sink in run.all_sinks:
+        if sink.worker is not None:
+            sink.worker.policy = dataclasses.replace(sink.worker.policy, export_interval_s=interval_s)
+
+
 def child_paced(spec: dict[str, Any]) -> None:
     """``rate`` spans/s for ``seconds`` (or until killed), on a deadline schedule.  ``kind``:
     ``trace_state`` (the worker run), ``sdk`` (a bare OTel SDK span, BatchSpanProcessor and the
@@ -310,6 +319,8 @@ def child_paced(spec: dict[str, Any]) -> None:
         result["spans"] = i
         if i == 1 and kind == "trace_state":
             state["run"] = worker_run()  # the run the first span built (the exit hook finishes it)
+            if spec.get("export_interval_s"):
+                use_export_interval(state["run"], spec["export_interval_s"])
         if count_fd is not None:
             os.write(count_fd, b"\x01")  # this span has ended (unbuffered: the bench sees it now)
         if warm is None and time.monotonic() - start >= warmup_s:
@@ -372,12 +383,20 @@ def child_micro(spec: dict[str, Any]) -> None:
             out.append(clock() - t)
         return out
 
-    impls = {"ours": (ours, lambda: run.flush(30)), "sdk": (bare, lambda: provider.force_flush(30_000))}
+    def ours_with(interval_s: float) -> Any:
+        def timed(n: int) -> list[int]:
+            use_export_interval(run, interval_s)
+            return ours(n)
+
+        return timed
+
+    impls = {f"ours@{ms:g}": (ours_with(ms / 1e3), lambda: run.flush(30)) for ms in spec["intervals_ms"]}
+    impls["sdk"] = (bare, lambda: provider.force_flush(30_000))
     samples: dict[str, list[int]] = {name: [] for name in impls}
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in impls}
     n = spec["spans"]
     for r in range(spec["rounds"]):
-        order = list(impls) if r % 2 == 0 else list(reversed(impls))
+        order = list(impls) if r % 2 == 0 else list(reversed(impls))  # interleaved, alternating order
         for name in order:
             timed, flush = impls[name]
             flush()
@@ -477,14 +496,12 @@ class Workers:
             stop_process(proc)
 
 
-def part_scale(workers: Workers, args: argparse.Namespace) -> dict[str, Any]:
+def part_scale(workers: Workers, args: argparse.Namespace, interval_ms: float) -> dict[str, Any]:
     collector = workers.collector
     before, cpu_before, requests_before = collector.settle(), collector.cpu_s(), collector.trace_requests()
     started = time.monotonic()
-    children = [
-        workers.start({"mode": "paced", "rate": args.rate, "seconds": args.seconds, "rank": rank})
-        for rank in range(args.workers)
-    ]
+    common = {"mode": "paced", "rate": args.rate, "seconds": args.seconds, "export_interval_s": interval_ms / 1e3}
+    children = [workers.start({**common, "rank": rank}) for rank in range(args.workers)]
     results = [workers.wait(proc, out, args.seconds + 120) for proc, out in children]
     wall = time.monotonic() - started
     sent = sum(r["spans"] for r in results)
@@ -494,6 +511,7 @@ def part_scale(workers: Workers, args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "rate": args.rate,
         "seconds": args.seconds,
+        "export_interval_ms": interval_ms,
         "sent": sent,
         "arrived": arrived,
         "refused": collector.refused(),
@@ -517,41 +535,55 @@ def part_scale(workers: Workers, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-COST_KINDS = {"instrumented": "trace_state", "sdk": "sdk", "bare": "none"}
+def cost_kinds(intervals_ms: list[float]) -> dict[str, dict[str, Any]]:
+    kinds = {f"trace_state@{ms:g}": {"kind": "trace_state", "export_interval_s": ms / 1e3} for ms in intervals_ms}
+    return {**kinds, "sdk": {"kind": "sdk"}, "bare": {"kind": "none"}}
 
 
 def part_cost(workers: Workers, args: argparse.Namespace) -> dict[str, Any]:
-    """An instrumented worker, a plain-SDK one and a bare one, side by side, --cost-pairs times."""
+    """Instrumented workers (one per export interval), a plain-SDK one and a bare one, side by side,
+    --cost-rounds times."""
+    kinds = cost_kinds(args.intervals)
     rounds = []
-    for _ in range(args.cost_pairs):
+    for _ in range(args.cost_rounds):
         common = {"mode": "paced", "rate": args.rate, "seconds": args.cost_seconds}
-        children = {name: workers.start({**common, "kind": kind}) for name, kind in COST_KINDS.items()}
+        children = {name: workers.start({**common, **kind}) for name, kind in kinds.items()}
         rounds.append(
             {name: workers.wait(proc, out, args.cost_seconds + 120) for name, (proc, out) in children.items()}
         )
-    out: dict[str, Any] = {"rate": args.rate, "seconds": args.cost_seconds, "pairs": len(rounds)}
+    out: dict[str, Any] = {"rate": args.rate, "seconds": args.cost_seconds, "rounds": len(rounds), "workers": {}}
     keys = ("cpu_per_wall", "steady_cpu_per_wall", "rss_mb_before", "rss_mb_end", "max_rss_mb", "rate")
-    for name in COST_KINDS:
+    bare = None
+    for name in reversed(kinds):  # "bare" first: the others are measured against it
         runs = [r[name] for r in rounds]
-        out[name] = {key: statistics.median(r[key] for r in runs) for key in keys}
-        out[name]["rss_growth_mb"] = statistics.median(r["rss_mb_end"] - r["rss_mb_before"] for r in runs)
-    for name in ("instrumented", "sdk"):
-        out[f"{name}_cost"] = {
-            "steady_cpu_per_wall": out[name]["steady_cpu_per_wall"] - out["bare"]["steady_cpu_per_wall"],
-            "cpu_per_wall": out[name]["cpu_per_wall"] - out["bare"]["cpu_per_wall"],
-            "max_rss_mb": out[name]["max_rss_mb"] - out["bare"]["max_rss_mb"],
-        }
+        x = {key: statistics.median(r[key] for r in runs) for key in keys}
+        x["rss_growth_mb"] = statistics.median(r["rss_mb_end"] - r["rss_mb_before"] for r in runs)
+        if bare is None:
+            bare = x
+        else:
+            x["over_bare"] = {
+                "steady_cpu_per_wall": x["steady_cpu_per_wall"] - bare["steady_cpu_per_wall"],
+                "cpu_per_wall": x["cpu_per_wall"] - bare["cpu_per_wall"],
+                "max_rss_mb": x["max_rss_mb"] - bare["max_rss_mb"],
+            }
+        out["workers"][name] = x
+    out["workers"] = dict(reversed(out["workers"].items()))
     return out
 
 
 def part_micro(workers: Workers, args: argparse.Namespace) -> dict[str, Any]:
-    proc, out = workers.start({"mode": "micro", "rounds": args.micro_rounds, "spans": args.micro_spans})
+    spec = {"mode": "micro", "rounds": args.micro_rounds, "spans": args.micro_spans, "intervals_ms": args.intervals}
+    proc, out = workers.start(spec)
     result = workers.wait(proc, out, 600)
-    ours, sdk = result["impls"]["ours"], result["impls"]["sdk"]
+    sdk = result["impls"]["sdk"]
     result["ratio"] = {
-        "p50": ours["p50_us"] / sdk["p50_us"],
-        "p99": ours["p99_us"] / sdk["p99_us"],
-        "cpu_per_span": ours["cpu_us_per_span"] / sdk["cpu_us_per_span"],
+        name: {
+            "p50": x["p50_us"] / sdk["p50_us"],
+            "p99": x["p99_us"] / sdk["p99_us"],
+            "cpu_per_span": x["cpu_us_per_span"] / sdk["cpu_us_per_span"],
+        }
+        for name, x in result["impls"].items()
+        if name != "sdk"
     }
     return result
 
@@ -564,14 +596,19 @@ def _count_bytes(fd: int, into: list[int]) -> None:
         into[0] += len(chunk)
 
 
-def one_ending(workers: Workers, args: argparse.Namespace, how: str) -> dict[str, Any]:
+def one_ending(workers: Workers, args: argparse.Namespace, how: str, interval_ms: float) -> dict[str, Any]:
     """A worker at --rate spans/s ended by ``how`` (SIGKILL, SIGTERM, SIGTERM with a handler that
     raises SystemExit, or a normal exit) after --kill-after s; ended (from its pipe) vs. arrived."""
     collector = workers.collector
     before = collector.settle()
     read_fd, write_fd = os.pipe()
     ended = [0]
-    spec: dict[str, Any] = {"mode": "paced", "rate": args.rate, "count_fd": write_fd}
+    spec: dict[str, Any] = {
+        "mode": "paced",
+        "rate": args.rate,
+        "count_fd": write_fd,
+        "export_interval_s": interval_ms / 1e3,
+    }
     after = args.kill_after + random.uniform(0, 0.1)  # not phase-locked to the span schedule
     spec["seconds"] = after if how == "exit" else 3600
     spec["sigterm_exits"] = how == "SIGTERM+handler"
@@ -596,7 +633,8 @@ def one_ending(workers: Workers, args: argparse.Namespace, how: str) -> dict[str
     finally:
         stop_process(proc)
         os.close(read_fd)
-    arrived = collector.settle(before + ended[0] if how != "SIGKILL" else None) - before
+    flushed = how in ("exit", "SIGTERM+handler")  # the run was finished: everything should arrive
+    arrived = collector.settle(before + ended[0] if flushed else None) - before
     stats = json.loads(out.read_text()).get("stats", {}).get("otlp-traces") if out.exists() else None
     return {
         "how": how,
@@ -608,13 +646,18 @@ def one_ending(workers: Workers, args: argparse.Namespace, how: str) -> dict[str
     }
 
 
-def part_kill(workers: Workers, args: argparse.Namespace) -> dict[str, Any]:
+def part_kill(workers: Workers, args: argparse.Namespace, interval_ms: float) -> dict[str, Any]:
     plan = [("SIGKILL", args.kills), ("SIGTERM", args.terms), ("SIGTERM+handler", args.terms), ("exit", args.exits)]
-    out: dict[str, Any] = {"rate": args.rate, "kill_after_s": args.kill_after, "cases": {}}
+    out: dict[str, Any] = {
+        "rate": args.rate,
+        "kill_after_s": args.kill_after,
+        "export_interval_ms": interval_ms,
+        "cases": {},
+    }
     for how, times in plan:
         if not times:
             continue
-        runs = [one_ending(workers, args, how) for _ in range(times)]
+        runs = [one_ending(workers, args, how, interval_ms) for _ in range(times)]
         lost = [r["lost"] for r in runs]
         out["cases"][how] = {
             "runs": runs,
@@ -656,6 +699,10 @@ def _pct(x: float) -> str:
     return f"{x * 100:.1f}%"
 
 
+def _interval(ms: float) -> str:
+    return "each span at once (default)" if not ms else f"export_interval {ms:g} ms"
+
+
 def render(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
@@ -667,97 +714,116 @@ def render(report: dict[str, Any]) -> str:
         f"command: `{report['command']}`",
     ]
     parts = report["parts"]
-    if "scale" in parts:
-        s = parts["scale"]
-        w = s["per_worker"]
-        t = s["totals"]
+    if parts.get("scale"):
+        runs = list(parts["scale"].values())
+        s0 = runs[0]
         lines += [
             "",
-            f"## Scale: {s['workers']} workers x {s['rate']} spans/s x {s['seconds']} s, one collector",
+            f"## Scale: {s0['workers']} workers x {s0['rate']:g} spans/s x {s0['seconds']:g} s, one collector",
             "",
-            "| measure | value |",
-            "|---|---|",
-            f"| spans sent (counted by the workers) | {s['sent']} |",
-            f"| spans arrived (collector's accepted-spans counter) | {s['arrived']} |",
-            f"| **lost** | **{s['sent'] - s['arrived']}** |",
-            f"| refused or failed at the collector | {s['refused']} |",
-            f"| finish() stats, all workers: delivered / spooled / dropped | "
-            f"{t['delivered']} / {t['spooled']} / {t['dropped']} |",
-            f"| failed / retried export attempts | {t['failed']} / {t['retried']} |",
-            f"| OTLP export requests (spans per request) | {s['export_requests']} "
-            f"({s['sent'] / max(1, s['export_requests']):.1f}) |",
-            f"| achieved spans/s per worker (min-max) | "
-            f"{min(x['rate'] for x in w):.1f}-{max(x['rate'] for x in w):.1f} |",
-            f"| schedule lag, max over workers: whole run / after the first 2 s (ms) | "
-            f"{max(x['max_lag_ms'] for x in w):.0f} / {max(x['steady_max_lag_ms'] for x in w):.0f} |",
-            f"| worker CPU / wall, median (min-max) | {_pct(statistics.median(x['cpu_per_wall'] for x in w))} "
-            f"({_pct(min(x['cpu_per_wall'] for x in w))}-{_pct(max(x['cpu_per_wall'] for x in w))}) |",
-            f"| collector CPU / wall | {_pct(s['collector_cpu_per_wall'])} |",
-            f"| worker finish() at exit, max (s) | {max(x['finish_s'] for x in w):.2f} |",
-            "",
-            "per worker (delivered/spooled/dropped): "
-            + ", ".join(f"{x['delivered']}/{x['spooled']}/{x['dropped']}" for x in w),
+            "| measure | " + " | ".join(_interval(s["export_interval_ms"]) for s in runs) + " |",
+            "|---|" + "---|" * len(runs),
         ]
+
+        def row(label: str, cell: Any) -> None:
+            lines.append(f"| {label} | " + " | ".join(cell(s, s["per_worker"], s["totals"]) for s in runs) + " |")
+
+        row("spans sent (counted by the workers)", lambda s, w, t: str(s["sent"]))
+        row("spans arrived (collector's accepted-spans counter)", lambda s, w, t: str(s["arrived"]))
+        row("**lost**", lambda s, w, t: f"**{s['sent'] - s['arrived']}**")
+        row("refused or failed at the collector", lambda s, w, t: str(s["refused"]))
+        row(
+            "finish() stats, all workers: delivered / spooled / dropped",
+            lambda s, w, t: f"{t['delivered']} / {t['spooled']} / {t['dropped']}",
+        )
+        row("failed / retried export attempts", lambda s, w, t: f"{t['failed']} / {t['retried']}")
+        row(
+            "OTLP export requests (spans per request)",
+            lambda s, w, t: f"{s['export_requests']} ({s['sent'] / max(1, s['export_requests']):.1f})",
+        )
+        row(
+            "achieved spans/s per worker (min-max)",
+            lambda s, w, t: f"{min(x['rate'] for x in w):.1f}-{max(x['rate'] for x in w):.1f}",
+        )
+        row(
+            "schedule lag, worst worker: whole run / after its first 2 s (ms)",
+            lambda s, w, t: f"{max(x['max_lag_ms'] for x in w):.0f} / {max(x['steady_max_lag_ms'] for x in w):.0f}",
+        )
+        row(
+            "worker CPU / wall, median (min-max)",
+            lambda s, w, t: (
+                f"{_pct(statistics.median(x['cpu_per_wall'] for x in w))} "
+                f"({_pct(min(x['cpu_per_wall'] for x in w))}-{_pct(max(x['cpu_per_wall'] for x in w))})"
+            ),
+        )
+        row("collector CPU / wall", lambda s, w, t: _pct(s["collector_cpu_per_wall"]))
+        row("worker finish() at exit, max (s)", lambda s, w, t: f"{max(x['finish_s'] for x in w):.2f}")
+        for s in runs:
+            lines.append(
+                f"\nper worker, {_interval(s['export_interval_ms'])} (delivered/spooled/dropped): "
+                + ", ".join(f"{x['delivered']}/{x['spooled']}/{x['dropped']}" for x in s["per_worker"])
+            )
     if "cost" in parts:
         c = parts["cost"]
         lines += [
             "",
-            f"## Cost per worker at {c['rate']} spans/s ({c['seconds']} s, {c['pairs']} round(s), side by side)",
+            f"## Cost per worker at {c['rate']:g} spans/s ({c['seconds']:g} s, {c['rounds']} round(s), "
+            "all side by side)",
             "",
-            "| worker | CPU / wall, steady | CPU / wall, whole run | RSS before first span MB | RSS at end MB |"
-            " RSS growth MB | max RSS MB |",
-            "|---|---|---|---|---|---|---|",
+            "| worker | CPU / wall, steady | over bare | CPU / wall, whole run | RSS before first span MB |"
+            " RSS at end MB | RSS growth MB | max RSS MB | max RSS over bare MB |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
-        names = {
-            "instrumented": "trace_state (worker run)",
-            "sdk": "plain OTel SDK span + BatchSpanProcessor",
-            "bare": "bare (same loop, no spans)",
-        }
-        for key, name in names.items():
-            r = c[key]
+        for key, r in c["workers"].items():
+            if key.startswith("trace_state@"):
+                name = f"trace_state, {_interval(float(key.split('@')[1]))}"
+            else:
+                name = {"sdk": "plain OTel SDK span + BatchSpanProcessor", "bare": "bare (same loop, no spans)"}[key]
+            over = r.get("over_bare")
+            cpu_over = f"**{_pct(over['steady_cpu_per_wall'])}**" if over else ""
+            rss_over = f"{over['max_rss_mb']:+.1f}" if over else ""
             lines.append(
-                f"| {name} | {_pct(r['steady_cpu_per_wall'])} | {_pct(r['cpu_per_wall'])} | "
+                f"| {name} | {_pct(r['steady_cpu_per_wall'])} | {cpu_over} | {_pct(r['cpu_per_wall'])} | "
                 f"{r['rss_mb_before']:.1f} | {r['rss_mb_end']:.1f} | {r['rss_growth_mb']:+.1f} | "
-                f"{r['max_rss_mb']:.1f} |"
-            )
-        for key, name in (("instrumented", "**trace_state - bare**"), ("sdk", "plain SDK - bare")):
-            x = c[f"{key}_cost"]
-            lines.append(
-                f"| {name} | {_pct(x['steady_cpu_per_wall'])} of a core | {_pct(x['cpu_per_wall'])} | | | | "
-                f"{x['max_rss_mb']:+.1f} |"
+                f"{r['max_rss_mb']:.1f} | {rss_over} |"
             )
     if "micro" in parts:
         mi = parts["micro"]
-        o, sd, r = mi["impls"]["ours"], mi["impls"]["sdk"], mi["ratio"]
         lines += [
             "",
-            f"## One span: trace_state vs. bare OTel SDK "
-            f"({mi['rounds']} interleaved rounds x {mi['spans_per_round']} spans)",
+            f"## One span: trace_state vs. a bare OTel SDK span "
+            f"({mi['rounds']} interleaved rounds x {mi['spans_per_round']} spans, one process)",
             "",
-            "| impl | p50 us | p99 us | CPU us per span incl. export | spans/s opened | spans/s until exported |",
-            "|---|---|---|---|---|---|",
+            "| impl | p50 us | p99 us | CPU us per span incl. export | spans/s opened | spans/s until exported |"
+            " p50 / SDK | p99 / SDK | CPU / SDK |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
-        for name, x in (("trace_state (worker run)", o), ("SDK span + BatchSpanProcessor", sd)):
+        for name, x in mi["impls"].items():
+            label = "SDK span + BatchSpanProcessor" if name == "sdk" else f"trace_state, {_interval(float(name[5:]))}"
+            r = mi["ratio"].get(name)
+            ratios = f"**{r['p50']:.2f}x** | **{r['p99']:.2f}x** | {r['cpu_per_span']:.2f}x" if r else " | | "
             lines.append(
-                f"| {name} | {x['p50_us']:.1f} | {x['p99_us']:.1f} | {x['cpu_us_per_span']:.1f} | "
-                f"{x['spans_per_s_opened']:.0f} | {x['spans_per_s_exported']:.0f} |"
+                f"| {label} | {x['p50_us']:.1f} | {x['p99_us']:.1f} | {x['cpu_us_per_span']:.1f} | "
+                f"{x['spans_per_s_opened']:.0f} | {x['spans_per_s_exported']:.0f} | {ratios} |"
             )
-        lines.append(f"| **ours/SDK** | **{r['p50']:.2f}x** | **{r['p99']:.2f}x** | **{r['cpu_per_span']:.2f}x** | | |")
-    if "kill" in parts:
-        k = parts["kill"]
+    if parts.get("kill"):
+        kills = list(parts["kill"].values())
+        k0 = kills[0]
         lines += [
             "",
-            f"## What an ended worker loses ({k['rate']} spans/s, ended after ~{k['kill_after_s']} s)",
+            f"## What an ended worker loses ({k0['rate']:g} spans/s, ended after ~{k0['kill_after_s']:g} s)",
             "",
-            "| how | runs | spans ended | arrived | lost per run: mean (min-max) | lost ms of spans: mean (max) |",
-            "|---|---|---|---|---|---|",
+            "| delivery | how | runs | spans ended | arrived | lost per run: mean (min-max) |"
+            " lost, ms of spans: mean (max) |",
+            "|---|---|---|---|---|---|---|",
         ]
-        for how, x in k["cases"].items():
-            lines.append(
-                f"| {how} | {x['n']} | {x['ended']} | {x['arrived']} | "
-                f"{x['lost_mean']:.1f} ({x['lost_min']}-{x['lost_max']}) | "
-                f"{x['lost_ms_mean']:.1f} ({x['lost_ms_max']:.0f}) |"
-            )
+        for k in kills:
+            for how, x in k["cases"].items():
+                lines.append(
+                    f"| {_interval(k['export_interval_ms'])} | {how} | {x['n']} | {x['ended']} | {x['arrived']} | "
+                    f"{x['lost_mean']:.1f} ({x['lost_min']}-{x['lost_max']}) | "
+                    f"{x['lost_ms_mean']:.1f} ({x['lost_ms_max']:.0f}) |"
+                )
     return "\n".join(lines)
 
 
@@ -771,8 +837,14 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=8, help="worker processes in the scale part")
     parser.add_argument("--rate", type=float, default=200.0, help="spans per second per worker")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long each scale worker runs")
+    parser.add_argument(
+        "--export-interval-ms",
+        default="0",
+        help="comma list: the delivery's export_interval (0 = the default, each span at once); "
+        "scale, kill are run for each, cost and micro compare them side by side",
+    )
     parser.add_argument("--cost-seconds", type=float, default=20.0)
-    parser.add_argument("--cost-pairs", type=int, default=1)
+    parser.add_argument("--cost-rounds", type=int, default=1)
     parser.add_argument("--micro-rounds", type=int, default=10)
     parser.add_argument("--micro-spans", type=int, default=2000)
     parser.add_argument("--kills", type=int, default=10, help="SIGKILLed workers")
@@ -789,13 +861,12 @@ def main() -> int:
     if args.render:
         print(render(json.loads(args.render.read_text())))
         return 0
+    args.intervals = [float(x) for x in args.export_interval_ms.split(",")]
 
-    parts = {
-        "scale": part_scale,
-        "cost": part_cost,
-        "micro": part_micro,
-        "kill": part_kill,
-    }
+    def per_interval(part: Any) -> Any:
+        return lambda w, a: {f"{ms:g}": part(w, a, ms) for ms in a.intervals}
+
+    parts = {"scale": per_interval(part_scale), "cost": part_cost, "micro": part_micro, "kill": per_interval(part_kill)}
     report: dict[str, Any] = {
         "command": " ".join(["python", "bench/bench_workers.py", *sys.argv[1:]]),
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -811,7 +882,7 @@ def main() -> int:
             for name in args.parts.split(","):
                 t0 = time.monotonic()
                 report["parts"][name] = parts[name](workers, args)
-                report["parts"][name]["took_s"] = time.monotonic() - t0
+                report.setdefault("took_s_by_part", {})[name] = time.monotonic() - t0
                 print(render({**report, "parts": {name: report["parts"][name]}}), file=sys.stderr, flush=True)
         finally:
             workers.close()
