@@ -3,6 +3,7 @@
     python bench/bench_workers.py                          # default: 8 workers x 200 spans/s x 30 s
     python bench/bench_workers.py --workers 32 --seconds 60   # the issue's scale (needs the cores)
     python bench/bench_workers.py --parts scale,kill       # some parts only
+    python bench/bench_workers.py --export-interval-ms 0,100  # the default delivery and a 100 ms export interval
 
 What a process without ``Tracking`` does in distributed training (a verl worker on Ray): its first
 ``trace_state`` builds the process's worker run, which exports every span over OTLP/HTTP through our
@@ -19,8 +20,9 @@ Parts:
 
   scale  --workers processes x --rate spans/s for --seconds each; spans sent (what the workers
          counted), spans that arrived (the collector's counter), each worker's finish() stats.
-  cost   an instrumented worker beside an identical worker running the same paced loop without
-         spans, at the same time: CPU seconds per wall second (getrusage, all threads) and RSS.
+  cost   an instrumented worker (one per export interval) beside a plain OTel SDK worker and an
+         identical worker running the same paced loop without spans, all at the same time: CPU
+         seconds per wall second (getrusage, all threads) and RSS.
   micro  one ``trace_state`` enter+exit beside a bare OTel SDK span (TracerProvider +
          BatchSpanProcessor(OTLPSpanExporter) to the same collector, ``start_as_current_span``) in one
          process, interleaved rounds: per-span p50/p99 and the ratio; plus CPU per span including the
@@ -29,8 +31,12 @@ Parts:
          --kills times; also SIGTERM (default disposition, and with a handler raising SystemExit) and a
          normal exit.  Each worker writes one byte per ended span on a pipe; lost = ended - arrived.
 
-Results: bench/results/<UTC date>-workers.json and .md.  Every process started here is stopped by
-its pid, also on errors.
+``--export-interval-ms`` compares the delivery's ``Policy.export_interval_s`` (at most one export
+per interval for a busy sink; not yet a setting: the workers set it on their run).  Scale and kill
+run once per interval; cost and micro put them side by side.
+
+Results: bench/results/<UTC date>-<--save-as, default workers>.json and .md.  Every process started
+here is stopped by its pid, also on errors.
 """
 
 from __future__ import annotations
