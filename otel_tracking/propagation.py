@@ -37,7 +37,7 @@ def with_identity(identity: Mapping[str, str], step: int | None, ctx: Context | 
     for key, value in identity.items():
         if value and baggage.get_baggage(key, ctx) != value:
             ctx = baggage.set_baggage(key, value, ctx)
-    if step is not None:
+    if step is not None and baggage.get_baggage(STEP_KEY, ctx) != str(step):
         ctx = baggage.set_baggage(STEP_KEY, str(step), ctx)
     return ctx if ctx is not None else otel_context.get_current()
 

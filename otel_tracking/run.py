@@ -148,6 +148,10 @@ class Run:
         self._step_started_ns = time.time_ns()  # a step's span starts where the previous step ended
         self._env_context = None if driver else extract_env(settings.env)
         self.open_spans: set[Span] = set()  # trace_state spans not ended yet (set.add/discard: atomic)
+        # A worker's parent_context() depends on nothing but the context it is given (contexts are
+        # immutable): the last (given, result) pair is kept, so that a worker's spans, which start
+        # from the same context over and over, do not rebuild the same baggage every time.
+        self._worker_parent: tuple[Context, Context] | None = None
         otlp_sinks = dict(otlp_sinks or {})
         self.observability_sinks = [*otlp_sinks.values(), *periodic_sinks]
         for sink in self.all_sinks:
@@ -193,18 +197,25 @@ class Run:
         """The context for a span that starts outside any other span (``ctx`` has none), with this
         run's identity in its baggage: on the driver, the step span's (opened on first use, started
         where the previous step ended); in a worker, the trace its environment names (TRACEPARENT)."""
-        if self.driver:
-            with self._step_lock:
-                if self._step_span is None:
-                    self._step_span = self.tracer.start_span(
-                        STEP_SPAN_NAME,
-                        context=Context(),  # a root: one trace per step
-                        attributes={"ml.step": self.step_in_progress()},
-                        start_time=self._step_started_ns,
-                    )
-                ctx = trace.set_span_in_context(self._step_span, ctx)
-        elif self._env_context is not None and not has_span(ctx):
-            ctx = self._env_context
+        if not self.driver:
+            cached = self._worker_parent
+            if cached is not None and cached[0] is ctx:
+                return cached[1]
+            given = ctx
+            if self._env_context is not None and not has_span(ctx):
+                ctx = self._env_context
+            ctx = with_identity(self.identity, self.step_in_progress(ctx), ctx)
+            self._worker_parent = (given, ctx)  # holds ``given``: its id cannot be reused meanwhile
+            return ctx
+        with self._step_lock:
+            if self._step_span is None:
+                self._step_span = self.tracer.start_span(
+                    STEP_SPAN_NAME,
+                    context=Context(),  # a root: one trace per step
+                    attributes={"ml.step": self.step_in_progress()},
+                    start_time=self._step_started_ns,
+                )
+            ctx = trace.set_span_in_context(self._step_span, ctx)
         return with_identity(self.identity, self.step_in_progress(ctx), ctx)
 
     def _end_step(self, step: int | None, now_ns: int, **attributes: Any) -> None:

@@ -189,3 +189,49 @@ def test_a_batch_in_flight_at_the_finish_deadline_is_spooled_and_counted(
 
     _, records = read_spool(next((isolated / "spool").rglob("otlp-traces.jsonl")))
     assert sum(len(payload) for _, payload in records) == handed  # each span once (batches may merge them)
+class _Recorder:
+    """A sink's guarded export call that records the size of every export."""
+
+    def __init__(self) -> None:
+        self.exports: list[int] = []
+        self.counts: dict[str, int] = {}
+
+    def deliver(self, kind: str, payload: list[int]) -> bool:
+        self.exports.append(len(payload))
+        return True
+
+    def count(self, field: str, n: int) -> None:
+        self.counts[field] = self.counts.get(field, 0) + n
+
+
+def test_export_interval_sends_a_busy_sinks_spans_together_and_never_holds_a_flush_or_the_stop() -> None:
+    from otel_tracking.delivery import _MAX_MERGE, Policy, Worker
+
+    recorder = _Recorder()
+    worker = Worker("spans", recorder.deliver, recorder.count, None, Policy(export_interval_s=60.0))
+    worker.submit("spans", [0])  # the first one after a quiet time leaves at once
+    wait_for(lambda: recorder.exports == [1], what="the first span exported alone")
+    for i in range(20):  # inside the interval: held, then sent in one export
+        worker.submit("spans", [i])
+    assert worker.flush(10.0), "flush() waited for the export interval"
+    assert recorder.exports == [1, 20]
+    for i in range(_MAX_MERGE + 10):  # a full export's worth waiting ends the hold
+        worker.submit("spans", [i])
+    wait_for(lambda: sum(recorder.exports) == 21 + _MAX_MERGE, what="a full export sent without waiting")
+    worker.submit("spans", [0])
+    worker.submit("logs", [0])
+    worker.stop(10.0)  # stopping does not wait for the interval either
+    assert sum(recorder.exports) == 21 + _MAX_MERGE + 10 + 2
+    assert "spooled" not in recorder.counts and "dropped" not in recorder.counts
+
+
+def test_without_export_interval_each_span_leaves_at_once() -> None:
+    from otel_tracking.delivery import Policy, Worker
+
+    recorder = _Recorder()
+    worker = Worker("spans", recorder.deliver, recorder.count, None, Policy())
+    for n in range(1, 4):
+        worker.submit("spans", [n])
+        wait_for(lambda n=n: len(recorder.exports) == n, what=f"span {n} exported on its own")
+    worker.stop(10.0)
+    assert recorder.exports == [1, 1, 1]

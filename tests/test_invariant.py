@@ -7,7 +7,8 @@ export that hung past the finish deadline and then succeeded: at least once, cou
 
 Hypothesis drives a real ``Sink`` + ``Worker`` + ``Spool`` with injected faults: an exporter that
 succeeds, fails, raises or hangs (until released), queue sizes from 1, one to three attempts,
-flushes and a stop at random deadlines, a spool that can or cannot be written.  The exporter is
+with and without an export interval, flushes and a stop at random deadlines, a spool that can or
+cannot be written.  The exporter is
 the only stand-in: it is where faults are injected.
 """
 
@@ -59,8 +60,9 @@ class DeliveryMachine(RuleBasedStateMachine):
         queue_size=st.integers(1, 6),
         attempts=st.integers(1, 3),
         spool_writable=st.booleans(),
+        interval=st.sampled_from([0.0, 0.02]),
     )
-    def start(self, queue_size: int, attempts: int, spool_writable: bool) -> None:
+    def start(self, queue_size: int, attempts: int, spool_writable: bool, interval: float = 0.0) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="invariant-"))
         if spool_writable:
             path = self.root / "spool" / "t.jsonl"
@@ -71,7 +73,12 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.exporter = FaultyExporter()
         self.sink = Sink("t", spans=self.exporter)
         policy = Policy(
-            queue_size=queue_size, max_attempts=attempts, backoff_s=0.001, backoff_max_s=0.002, probe_interval_s=0.01
+            queue_size=queue_size,
+            max_attempts=attempts,
+            backoff_s=0.001,
+            backoff_max_s=0.002,
+            probe_interval_s=0.01,
+            export_interval_s=interval,
         )
         self.sink.start(Spool(path, {"sink": "t"}), policy)
         self.worker = self.sink.worker
