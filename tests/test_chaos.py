@@ -1,0 +1,24 @@
+"""A few seeds of the process-level chaos run (tests/chaos.py): SIGKILL of the training process or
+of the bridge process at a random step, real MLflow and TensorBoard, then replay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import run_once
+
+
+@pytest.mark.parametrize("seed", [2, 5, 7])  # 2 kills the training process, 5 and 7 the bridge
+def test_sigkill_at_a_random_step_then_replay_loses_nothing(seed: int, tmp_path: Path) -> None:
+    result = run_once(seed, tmp_path)
+    assert result["logged"] > 0
+    assert result["mlflow_missing"] == 0, result
+    assert result["mlflow_duplicated"] == 0, result
+    assert result["mlflow_wrong"] == 0, result
+    assert result["tensorboard_missing"] == 0, result
+    if result["victim"] == "training":  # the bridge process ends the run as failed on its own
+        assert result["mlflow_status"] == "FAILED", result
+    # (A run whose bridge process was killed stays RUNNING after replay: the training process's exit
+    # code does not reach the spool yet; see the README's known gaps.)
