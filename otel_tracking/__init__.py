@@ -45,3 +45,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """The lazy names too: ``dir()``, completion and re-export shims see the public API."""
+    return sorted({*globals(), *_EXPORTS})

@@ -82,3 +82,15 @@ def test_demo_runs_and_says_where_it_wrote(tmp_path: Path) -> None:
     generations = [e for e in events if e["type"] == "log"]
     assert [g["attributes"]["ml.step"] for g in generations] == [10]
     assert len(generations[0]["body"]["samples"]) == 4
+
+
+def test_the_lazy_module_lists_its_public_names() -> None:
+    """In a fresh interpreter (here the names may already be loaded): dir() shows the lazy names."""
+    import subprocess
+    import sys
+
+    code = "import otel_tracking as o; print(' '.join(dir(o))); print(' '.join(o.__all__))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    names, public = (set(line.split()) for line in out.stdout.splitlines())
+    assert {"Tracking", "trace_state", "RLInsightLogger", "ValidationGenerationsLogger", "ConfigError"} <= names
+    assert public <= names
