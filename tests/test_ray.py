@@ -3,8 +3,8 @@
 The test process is the driver (``Tracking`` with OTLP to a real endpoint); actors get the OTLP
 settings and the run identity through ``runtime_env()``, and the caller's context through
 ``with_context(...)`` into ``@traced`` methods: sync, async (concurrent calls on lanes),
-generator and async generator, plus a remote function called from inside an actor (a process
-other than the one that created the callee).  Every actor seeds ``random`` alike.
+generator and async generator, plus a remote function and another actor called from inside an
+actor (a process other than the one that created the callee).  Every actor seeds ``random`` alike.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ class ActorWorker:
         with trace_state("update_actor", state_lane_id=f"rank_{self.rank}"):
             # a remote function called from this actor: the context goes one hop further
             return ray.get(with_context(score).remote(batch))
+
+    def relay(self, server: Any, request: int) -> int:
+        """Calls another actor it did not create: the context goes along from this process."""
+        with trace_state("relay", state_lane_id=f"rank_{self.rank}"):
+            return ray.get(with_context(server).generate.remote(request))
 
     def pid(self) -> int:
         return os.getpid()
@@ -135,6 +140,7 @@ def test_driver_step_traces_continue_into_ray_actors(
                 assert ray.get(list(with_context(server).stream.options(num_returns="streaming").remote(2))) == [0, 1]
                 chunks = with_context(server).astream.options(num_returns="streaming").remote(2)
                 assert ray.get(list(chunks)) == [0, 1]
+            assert ray.get(with_context(actors[1]).relay.remote(server, 100 + step)) == 100 + step
             # Outside any span: the workers' phases hang directly under the step's root span.
             assert ray.get([with_context(a).update_actor.remote(step) for a in actors]) == [2 * step, 2 * step]
             tracking.log({"loss": 1.0 / step}, step)
@@ -142,7 +148,14 @@ def test_driver_step_traces_continue_into_ray_actors(
         assert ray.get(actors[0].update_actor.remote(0)) == 0
         tracking.finish()
 
-        expected = {"vllm_generate": 8, "stream_chunk": 4, "astream_chunk": 4, "update_actor": 5, "reward_fn": 5}
+        expected = {
+            "vllm_generate": 10,
+            "stream_chunk": 4,
+            "astream_chunk": 4,
+            "update_actor": 5,
+            "reward_fn": 5,
+            "relay": 2,
+        }
 
         def arrived() -> list[dict[str, Any]] | None:
             spans = receiver.received.spans()
@@ -169,7 +182,12 @@ def test_driver_step_traces_continue_into_ray_actors(
             assert resource["process.pid"] == os.getpid()
             continue
         parent = by_id[span["parent_span_id"]]
-        if span["name"] in ("vllm_generate", "stream_chunk", "astream_chunk"):
+        if span["name"] == "relay":  # called outside any driver span: under the step's root
+            assert parent is root and resource["process.pid"] == pids["actor"][1]
+        elif span["name"] == "vllm_generate" and parent["name"] == "relay":  # one actor calling another
+            assert parent["resource"]["process.pid"] == pids["actor"][1]
+            assert resource["process.pid"] == pids["rollout"]
+        elif span["name"] in ("vllm_generate", "stream_chunk", "astream_chunk"):
             assert parent["name"] == "generate_sequences"
             assert resource["process.pid"] == pids["rollout"] and resource["ml.role"] == "RolloutServer"
             assert span["attributes"]["ml.lane"] == "replica_0"
@@ -185,4 +203,4 @@ def test_driver_step_traces_continue_into_ray_actors(
         assert span["attributes"]["ml.step"] == {1: 0, 2: 2}[root["attributes"]["ml.step"]]
     # Concurrent requests on one lane do not nest under each other.
     generate = [s for s in spans if s["name"] == "vllm_generate"]
-    assert all(by_id[s["parent_span_id"]]["name"] == "generate_sequences" for s in generate)
+    assert sorted(by_id[s["parent_span_id"]]["name"] for s in generate) == ["generate_sequences"] * 8 + ["relay"] * 2
