@@ -140,14 +140,17 @@ def test_status_reports_all_healthy(stack: Stack) -> None:
 
 
 def test_trace_reaches_jaeger_with_links_and_attributes(sent: Stack) -> None:
+    """One trace per step: the driver's step root span (``ml.step``), the phase under it, the lanes
+    under the phase."""
+
     def find() -> dict[str, Any] | None:
         for trace in sent.jaeger_traces(SERVICE):
             spans = trace["spans"]
-            root = [s for s in spans if s["operationName"] == "train_step"]
+            phase = [s for s in spans if s["operationName"] == "train_step"]
             if (
-                root
-                and len(spans) == 1 + len(LANES)
-                and any(t["key"] == "ml.step" and t["value"] == STEP for t in root[0]["tags"])
+                phase
+                and len(spans) == 2 + len(LANES)
+                and any(t["key"] == "ml.step" and t["value"] == STEP for t in phase[0]["tags"])
             ):
                 return trace
         return None
@@ -155,15 +158,18 @@ def test_trace_reaches_jaeger_with_links_and_attributes(sent: Stack) -> None:
     trace = poll(find, what=f"trace of step {STEP} in Jaeger")
     assert SERVICE in sent.jaeger_services()
     spans = {s["spanID"]: s for s in trace["spans"]}
-    (root,) = [s for s in spans.values() if s["operationName"] == "train_step"]
+    (root,) = [s for s in spans.values() if s["operationName"] == "ml.step"]
+    (phase,) = [s for s in spans.values() if s["operationName"] == "train_step"]
     assert not root.get("references")
-    children = [s for s in spans.values() if s is not root]
+    assert _tag(root, "ml.step") == STEP  # the step log() closed
+    assert phase["references"] == [{"refType": "CHILD_OF", "traceID": trace["traceID"], "spanID": root["spanID"]}]
+    children = [s for s in spans.values() if s is not root and s is not phase]
     assert sorted((s["operationName"], _tag(s, "ml.lane")) for s in children) == sorted(LANES)
     for child in children:
         refs = child["references"]
-        assert refs == [{"refType": "CHILD_OF", "traceID": trace["traceID"], "spanID": root["spanID"]}]
-        assert child["startTime"] >= root["startTime"]
-        assert child["startTime"] + child["duration"] <= root["startTime"] + root["duration"]
+        assert refs == [{"refType": "CHILD_OF", "traceID": trace["traceID"], "spanID": phase["spanID"]}]
+        assert child["startTime"] >= phase["startTime"]
+        assert child["startTime"] + child["duration"] <= phase["startTime"] + phase["duration"]
     process = trace["processes"][root["processID"]]
     assert process["serviceName"] == SERVICE
     proc_tags = {t["key"]: t["value"] for t in process["tags"]}
