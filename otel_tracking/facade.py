@@ -151,7 +151,7 @@ def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:
     for name in queued:
         c = stats[name]
         print(
-            f"otel-tracking: {name}: delivered {c['delivered']}, retried {c['retried']}, "
+            f"otel-tracking: {name}: delivered {c['delivered']}, failed {c['failed']}, retried {c['retried']}, "
             f"spooled {c['spooled']}, dropped {c['dropped']}",
             file=sys.stderr,
         )

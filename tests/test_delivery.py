@@ -131,7 +131,9 @@ def test_full_queue_spools_without_blocking(isolated: Path, monkeypatch: pytest.
     assert stats["failed"] >= 1
 
 
-def test_a_raising_exporter_never_kills_the_worker(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_raising_exporter_never_kills_the_worker(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     with HttpReceiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
         monkeypatch.setenv("OTEL_TRACKING_MAX_ATTEMPTS", "1")
@@ -155,6 +157,8 @@ def test_a_raising_exporter_never_kills_the_worker(isolated: Path, monkeypatch: 
             pass
         stats = tracking.finish()["otlp-traces"]
         assert stats == {"delivered": 2, "failed": 1, "retried": 0, "spooled": 1, "dropped": 0}
+        summary = "otel-tracking: otlp-traces: delivered 2, failed 1, retried 0, spooled 1, dropped 0"
+        assert summary in capsys.readouterr().err  # every count the README lists, on stderr
         assert [s["name"] for s in receiver.received.spans()] == ["second", "ml.step"]  # the step's root at finish
 
 
