@@ -4,10 +4,8 @@ differential tests."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -56,13 +54,18 @@ def _finish_leftover_runs() -> None:
 
 
 @pytest.fixture(scope="session")
-def seed() -> ModuleType:
-    """The reference module, imported from shared/baseline (never skipped: CI has it)."""
-    baseline = SHARED / "baseline"
-    assert (baseline / "seed_tracking.py").is_file(), f"reference baseline not found under {baseline}"
-    if str(baseline) not in sys.path:
-        sys.path.insert(0, str(baseline))
-    return importlib.import_module("seed_tracking")
+def seed(request: pytest.FixtureRequest) -> ModuleType:
+    """The reference module: shared/baseline beside the repository, else verl's own tracking.py
+    from PyPI (tests/reference.py); the terminal says which one the differential tests ran against."""
+    from tests import reference
+
+    module, which = reference.load(SHARED)
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"\ndifferential tests against the reference: {which}")
+    return module
 
 
 @pytest.fixture(scope="session")

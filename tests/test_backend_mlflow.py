@@ -231,8 +231,7 @@ def test_differential_against_reference(store: Store, seed: ModuleType, tmp_path
         our_art = readers.artifact_bytes(store.client, our_run.info.run_id, "val_step5.json", tmp_path / "ours")
         assert our_art == ref_art
 
-        # The fix: the reference leaves its run RUNNING; ours is ended at finish().
-        assert ref_run.info.status == "RUNNING"
+        # Ours is ended at finish() (the seed left its run RUNNING; verl 0.9 from PyPI ends it too).
         assert our_run.info.status == "FINISHED"
     finally:
         mlflow.end_run()  # the reference's fluent run would otherwise stay active in this process
