@@ -142,7 +142,13 @@ def test_context_copied_into_a_worker_thread_nests(isolated: Path) -> None:
     assert by_name["generate"]["parent_span_id"] == by_name["rollout"]["span_id"]
 
 
-def test_without_a_run_trace_state_is_harmless() -> None:
+def test_without_a_tracking_spans_go_to_the_process_worker_run(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Tracking in this process (a worker): the spans are recorded by the process's worker run,
+    here into the file sink named by OTEL_TRACES_EXPORTER, as context manager and decorator."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "file")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "ml.project=proj,ml.experiment=exp")
     with trace_state("orphan", state_lane_id=1):
         pass
 
@@ -151,6 +157,12 @@ def test_without_a_run_trace_state_is_harmless() -> None:
         return 1
 
     assert f() == 1
+    from otel_tracking.run import current_run
+
+    run = current_run()
+    assert run is not None and not run.driver
+    run.finish()
+    assert [(s["name"], s["parent_span_id"]) for s in spans(isolated)] == [("orphan", None), ("orphan-fn", None)]
 
 
 def test_empty_state_name_is_rejected() -> None:
