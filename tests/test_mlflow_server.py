@@ -80,8 +80,7 @@ def test_mlflow_stopped_and_restarted_then_replayed_exactly_once(
         server.stop()
         log_steps(tracking, range(40, 80))  # the server is down: retried, then spooled
         assert tracking.flush(60)
-        server.start()
-        time.sleep(1.0)  # a probe finds it back
+        server.start()  # a probe finds it back, or these are spooled too: replay takes the rest either way
         log_steps(tracking, range(80, 120))
         stats = tracking.finish()["mlflow"]
         assert stats["spooled"] > 0 and stats["dropped"] == 0
@@ -99,6 +98,6 @@ def test_mlflow_stopped_and_restarted_then_replayed_exactly_once(
         for i in (0, 57, 199):
             history = client.get_metric_history(run.info.run_id, KEYS[i])
             assert sorted((m.step, m.value) for m in history) == [(s, pytest.approx(s + i / 1000)) for s in range(120)]
-        assert run.info.status in ("FINISHED", "FAILED")
+        assert run.info.status == "FINISHED"  # finish(exit_code=0), with the server back
     finally:
         server.stop()
