@@ -11,6 +11,10 @@ After an item has used up its attempts the sink is *degraded*: new items go stra
 (no waiting on a dead backend), and every ``probe_interval_s`` one item is tried again; one success
 ends the degraded state.  At ``stop()`` the queue is drained until the deadline, with at most one
 attempt per item; what is left is spooled.  Every outcome is counted in the sink's stats.
+
+A worker can start *held*, for a backend that is still opening: its queue keeps what comes (a full
+queue spools, as always) and its thread waits; ``release()`` (opened) delivers it all in order,
+``give_up()`` (failed, or nobody waits any more) spools it and everything after.
 """
 
 from __future__ import annotations
@@ -117,7 +121,7 @@ class Worker:
     """The queue and thread of one sink.  ``deliver(kind, payload) -> bool`` is the sink's guarded
     export call; ``count(field, n)`` updates the sink's stats; ``done(token)``, when given, hears
     of every submitted item that reached its end (delivered, spooled or dropped), by the token it
-    was submitted with."""
+    was submitted with.  ``held``: the backend is still opening (see :meth:`release`)."""
 
     def __init__(
         self,
@@ -127,6 +131,7 @@ class Worker:
         spool: Spool | None,
         policy: Policy | None = None,
         done: Callable[[Any], None] | None = None,
+        held: bool = False,
     ) -> None:
         self.name = name
         self._deliver = deliver
@@ -137,8 +142,38 @@ class Worker:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.policy.queue_size)
         self._stopping = threading.Event()
         self._degraded_until = 0.0  # monotonic time of the next probe while degraded
+        self._hold = threading.Lock()  # release() and give_up(): whichever comes first decides
+        self._released = threading.Event()  # the thread may take items
+        self._given_up = False  # the backend never opened: every item goes to the spool
+        if not held:
+            self._released.set()
         self._thread = threading.Thread(target=self._run, name=f"otel-tracking-{name}", daemon=True)
         self._thread.start()
+
+    # --- a backend still opening -----------------------------------------------------------------
+
+    @property
+    def held(self) -> bool:
+        return not self._released.is_set()
+
+    def release(self) -> bool:
+        """The backend opened: deliver what was held, in order, then everything after.  False if
+        it was given up first."""
+        with self._hold:
+            if self._given_up:
+                return False
+            self._released.set()
+            return True
+
+    def give_up(self) -> bool:
+        """The backend will not open: spool what was held and everything after.  False (and
+        nothing changes) if it had opened."""
+        with self._hold:
+            if self._released.is_set() and not self._given_up:
+                return False
+            self._given_up = True
+            self._released.set()
+            return True
 
     # --- the training thread's side --------------------------------------------------------------
 
@@ -152,6 +187,7 @@ class Worker:
     # --- the worker's side -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._released.wait()
         pending = None
         while True:
             item = pending if pending is not None else self._queue.get()
@@ -192,7 +228,7 @@ class Worker:
 
     def _attempt(self, kind: str, payload: Any) -> None:
         now = time.monotonic()
-        if self._degraded_until and now < self._degraded_until:
+        if self._given_up or (self._degraded_until and now < self._degraded_until):
             self._set_aside(kind, payload)
             return
         attempts = 1 if (self._stopping.is_set() or self._degraded_until) else self.policy.max_attempts
@@ -219,10 +255,12 @@ class Worker:
         return wait_handled(self._queue, timeout_s)
 
     def stop(self, timeout_s: float) -> None:
-        """Drain (one attempt per item) until the deadline; spool what is left; end the thread."""
+        """Drain (one attempt per item) until the deadline, a backend still opening included;
+        spool what is left (giving up an open that did not come); end the thread."""
         self._stopping.set()
         deadline = time.monotonic() + timeout_s
         self.flush(max(0.0, deadline - time.monotonic()))
+        self.give_up()  # no-op if it opened; else the thread wakes to spool and stop
         while True:  # past the deadline: whatever is still queued goes to the spool
             try:
                 item = self._queue.get_nowait()
