@@ -125,3 +125,29 @@ class DelayProxy:
             for s in (source, sink):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie waiting for its parent counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie still answers kill(0): look at its state
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def live_children(parent: int | None = None) -> set[int]:
+    """Live (non-zombie) child processes of ``parent`` (default: this process)."""
+    parent = os.getpid() if parent is None else parent
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
