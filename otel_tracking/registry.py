@@ -151,6 +151,12 @@ def check_bridge(name: str, settings: Settings) -> None:
         check(settings.env)
 
 
+def import_sdk(name: str) -> None:
+    """Import the tracker's SDK package (what :func:`open_bridge` would import first anyway)."""
+    with _plain_errors(name):
+        importlib.import_module(_SDKS[name])
+
+
 def _installed(package: str) -> bool:
     """Whether ``import package`` would find it; the package itself is not imported."""
     if package in sys.modules:  # imported already, or a stand-in (None: blocked)

@@ -26,6 +26,13 @@ from tests.servers import live_children, process_gone
 from tests.test_backend_tensorboard import read_events
 
 
+@pytest.fixture(autouse=True)
+def _trackers_open_within_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tracking() returns once the trackers opened (a new sqlite store takes seconds): these tests
+    # are about trackers that are open; the start window has tests of its own (test_start_window.py).
+    monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", "120")
+
+
 def _mlflow_env(tmp_path: Path) -> dict[str, str]:
     return {
         **os.environ,
