@@ -26,7 +26,8 @@ client waits 120 s a request).  So the child opens each bridge on a thread of it
 each outcome as it comes; ``Tracking()`` waits ``OTEL_TRACKING_START_TIMEOUT`` for them.  A bridge
 that fails by then raises there, as in one process; one still opening goes on in the background,
 its items waiting in its queue in the child (acknowledged only once delivered or spooled): it
-delivers them in order once it opens, or spools them, with a warning, if it fails.
+delivers them in order once it opens, or spools them, with a warning, if it fails.  A watchdog
+thread ends the child once the training process is gone, whatever the child is doing.
 
 ``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the bridges in the training process instead (for
 trackers' console capture of the training process's own output, see the README).
@@ -64,6 +65,8 @@ _STOP = object()
 _ACK_INTERVAL_S = 0.05
 _GRACE_S = 10.0  # beyond the finish deadline, for the child to close its backends and answer
 _TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not
+_CRASH_TEARDOWN_S = 5.0  # the same after the training process died: nobody waits for a clean exit
+_WATCH_INTERVAL_S = 0.2  # how often the child looks whether the training process is still there
 _NICE = 10  # the child yields the CPU to the training loop
 # One tracker SDK import at a time: two threads importing packages that import each other can
 # fail ("partially initialized module").  The opens themselves (a server, maybe hung) overlap.
@@ -123,7 +126,14 @@ class BridgeProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env["PYTHONUNBUFFERED"] = "1"  # the backends' messages appear when they happen, not at exit
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "otel_tracking.bridge_process", str(to_child_r), str(from_child_w)],
+            [
+                sys.executable,
+                "-m",
+                "otel_tracking.bridge_process",
+                str(to_child_r),
+                str(from_child_w),
+                str(os.getpid()),  # the child's watchdog compares its parent with this
+            ],
             pass_fds=(to_child_r, from_child_w),
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -545,7 +555,7 @@ def _fileno(stream: Any) -> int | None:
 # --- the child -------------------------------------------------------------------------------------
 
 
-def serve(inbox: Connection, outbox: Connection) -> int:
+def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     """The bridge process: open the bridges (each on its own thread), feed them until told to
     finish (or the training process is gone), acknowledging every item once each sink is done
     with it, then finish them and report the counts."""
@@ -561,7 +571,7 @@ def serve(inbox: Connection, outbox: Connection) -> int:
     except (OSError, EOFError):
         return 1  # the training process died before it asked for anything
     sys.argv = argv
-    parent = os.getppid()
+    watchdog = _Watchdog(parent, settings.finish_timeout_s + _GRACE_S)
     # Each sink's queue exists before its bridge opens: what arrives meanwhile waits there.
     sinks = {name: Sink(name, named_events_only=True) for name in names}
     for sink in sinks.values():
@@ -573,7 +583,7 @@ def serve(inbox: Connection, outbox: Connection) -> int:
         )
         opener.daemon = True  # an open stuck on a hung server must not keep the process alive
         opener.start()
-    finish = _feed(inbox, sinks, build_resource(settings), replies, parent)
+    finish = _feed(inbox, sinks, build_resource(settings), replies, watchdog)
     if finish is not None:  # the training process asked: every backend is finished
         exit_code, timeout_s = finish
         finish_sinks(list(sinks.values()), exit_code, time.monotonic() + timeout_s)
@@ -585,6 +595,7 @@ def serve(inbox: Connection, outbox: Connection) -> int:
     for sink in sinks.values():
         sink.give_up()
     finish_sinks(list(sinks.values()), 1, time.monotonic() + settings.finish_timeout_s)
+    _exit_after(_CRASH_TEARDOWN_S)
     return 1
 
 
@@ -617,14 +628,14 @@ def _open_bridge(sink: Sink, settings: Settings, config: Any, replies: _Outbox) 
 
 
 def _feed(
-    inbox: Connection, sinks: dict[str, Sink], resource: Any, replies: _Outbox, parent: int
+    inbox: Connection, sinks: dict[str, Sink], resource: Any, replies: _Outbox, watchdog: _Watchdog
 ) -> tuple[int, float] | None:
     """Hand each item to its sinks' queues, answer flush requests; (exit code, timeout) once told
     to finish, None once the training process is gone."""
     while True:
         try:
-            if not inbox.poll(1.0):
-                if os.getppid() != parent:  # the training process is gone without finishing
+            if not inbox.poll(_WATCH_INTERVAL_S):
+                if watchdog.parent_gone.is_set():  # gone without finishing (its pipe may live on in a fork)
                     return None
                 continue
             message = pickle.loads(inbox.recv_bytes())
@@ -647,6 +658,27 @@ def _feed(
             replies.send(("flushed", flush_sinks(list(sinks.values()), deadline)))
         elif kind == "finish":
             return message[1], message[2]
+
+
+class _Watchdog:
+    """Ends the bridge process once the training process is gone, whatever the child is doing (a
+    tracker's open stuck on a hung server, a backend that hangs while its run ends): it sets
+    ``parent_gone``, on which the main loop takes the crash path, and exits the process
+    ``grace_s`` later if that has not ended it.  Polling ``getppid()`` sees the death even when
+    a forked process of the training job still holds the pipe open."""
+
+    def __init__(self, parent: int, grace_s: float) -> None:
+        self.parent = parent
+        self.grace_s = grace_s
+        self.parent_gone = threading.Event()
+        threading.Thread(target=self._watch, name="otel-tracking-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        while os.getppid() == self.parent:
+            time.sleep(_WATCH_INTERVAL_S)
+        self.parent_gone.set()
+        time.sleep(self.grace_s)
+        _hard_exit(1)
 
 
 class _Outbox:
@@ -693,15 +725,22 @@ class _Outbox:
 
 def _exit_after(seconds: float) -> None:
     """A backend thread that never ends must not keep a finished bridge process alive."""
-    timer = threading.Timer(seconds, os._exit, args=(0,))
+    timer = threading.Timer(seconds, _hard_exit, args=(0,))
     timer.daemon = True
     timer.start()
+
+
+def _hard_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def main(argv: Sequence[str]) -> int:
     inbox = Connection(int(argv[0]), writable=False)
     outbox = Connection(int(argv[1]), readable=False)
-    return serve(inbox, outbox)
+    return serve(inbox, outbox, parent=int(argv[2]))
 
 
 if __name__ == "__main__":

@@ -4,18 +4,23 @@ The bridge process opens each tracker on its own thread; ``Tracking()`` waits at
 ``OTEL_TRACKING_START_TIMEOUT`` for them.  What users rely on: a tracker that fails within that
 window raises from ``Tracking()`` (and leaves no process behind); one still opening after it opens
 in the background, and what is logged meanwhile waits for it, delivered once it opens or spooled
-(and replayable) if it never does; and errors that need no server raise before any process starts.
+(and replayable) if it never does; errors that need no server raise before any process starts;
+and the bridge process never outlives the training process by more than a few seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
 import sysconfig
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +64,31 @@ def _within(cap_s: float, build: Callable[[], Tracking]) -> Tracking:
     thread.join(cap_s)
     assert built, f"Tracking() did not return within {cap_s} s"
     return built[0]
+
+
+def _line_starting(process: subprocess.Popen[str], prefix: str, cap_s: float) -> str:
+    """The first line of ``process``'s stdout that starts with ``prefix``, read with a cap."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + cap_s
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no line starting with {prefix!r} within {cap_s} s") from None
+        if line.startswith(prefix):
+            return line
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 # --- a tracker that hangs while opening -----------------------------------------------------------
@@ -349,3 +379,86 @@ def test_the_bridge_process_killed_while_a_tracker_opens_loses_nothing(
     client = mlflow_reader.client(f"sqlite:///{isolated / 'replayed.db'}")
     run = mlflow_reader.only_run(client, client.get_experiment_by_name("proj").experiment_id)
     assert mlflow_reader.metric_triples(client, run.info.run_id) == _expected(50)
+
+
+# --- the training process dies ----------------------------------------------------------------------
+
+ORPHANED = textwrap.dedent(
+    """
+    import os, sys, time
+    from otel_tracking import Tracking
+
+    t = Tracking("proj", "exp", default_backend=["file", "mlflow"])
+    for step in range(20):
+        t.log({"loss": 1.0 / (step + 1)}, step)
+    holder = os.fork()  # like a data loader worker: it holds the pipe to the bridge process open
+    if holder == 0:
+        time.sleep(600)
+        os._exit(0)
+    print("pids", t.logger["mlflow"].link.process.pid, holder, t.where()["mlflow"], flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _start_orphan(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], int, int, str]:
+    """The training script above: (its process, the bridge process's pid, the fork's pid, where())."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", ORPHANED], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = _line_starting(process, "pids ", cap_s=120)
+    except AssertionError:
+        process.kill()
+        raise
+    _, child, holder, where = line.strip().split(" ", 3)
+    return process, int(child), int(holder), where
+
+
+def test_a_bridge_process_stuck_in_an_open_exits_soon_after_the_training_process_dies(tmp_path: Path) -> None:
+    """SIGKILL, with a forked process still holding the pipe (no end-of-file reaches the bridge
+    process): the bridge process, stuck in MLflow's open on a hung server, is gone within seconds."""
+    env = {**os.environ, "OTEL_TRACKING_SPOOL_DIR": str(tmp_path / "spool"), "OTEL_TRACKING_START_TIMEOUT": "1"}
+    with HungServer() as hung:
+        env["MLFLOW_TRACKING_URI"] = hung.uri
+        process, child, holder, where = _start_orphan(tmp_path, env)
+        try:
+            assert where == OPENING
+            process.kill()
+            process.wait()
+            # seconds: the crash path gives the open up at once (waiting for it would take the 30 s finish timeout)
+            wait_for(lambda: process_gone(child), timeout_s=15, what="the orphaned bridge process to exit")
+        finally:
+            for pid in (holder, child):
+                _kill(pid)
+    # what waited for MLflow is on disk, not lost with the process
+    assert sum(1 for _ in (tmp_path / "spool").rglob("mlflow.jsonl")) == 1
+
+
+def test_a_bridge_process_whose_backend_hangs_while_it_ends_still_exits(
+    mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    """The training process dies and MLflow starts hanging: the crash path (deliver, end the run)
+    is stuck in MLflow's client (120 s a request); the watchdog ends the process once the finish
+    timeout and its grace (2 + 10 s here) have passed."""
+    gate = threading.Event()
+    gate.set()
+    env = {
+        **os.environ,
+        "OTEL_TRACKING_SPOOL_DIR": str(tmp_path / "spool"),
+        "OTEL_TRACKING_START_TIMEOUT": "120",  # MLflow opens before the script goes on
+        "OTEL_TRACKING_FINISH_TIMEOUT": "2",
+    }
+    with DelayProxy(mlflow_server.port, gate=gate) as proxy:
+        env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{proxy.port}"
+        process, child, holder, where = _start_orphan(tmp_path, env)
+        try:
+            assert where.startswith("MLflow run ")
+            gate.clear()  # from now on MLflow's requests hang at the proxy
+            process.kill()
+            process.wait()
+            wait_for(lambda: process_gone(child), timeout_s=60, what="the bridge process to exit")
+        finally:
+            for pid in (holder, child):
+                _kill(pid)
+            gate.set()
