@@ -24,7 +24,8 @@ metric history for sampled keys; in d and e after ``otel-tracking replay`` of wh
 so a fast number cannot come from dropped data.  The reference blocks on a slow MLflow (one
 request per log() call): in d and e it runs --slow-steps steps, not --steps.  Plus
 ``import otel_tracking`` time and RSS after 10k and 100k steps (file + console, in a subprocess).
-Results: bench/results/<date>-log.json and .md (machine described), and bench/results/latest.md.
+Results: bench/results/<date>-log.json and .md (machine described), and bench/results/latest.md;
+with ``--label L``, bench/results/<date>-L.json and .md only.
 """
 
 from __future__ import annotations
@@ -419,6 +420,11 @@ def main() -> int:
     parser.add_argument("--no-rss", action="store_true")
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--render", type=Path, help="print the table of a saved results JSON and exit")
+    parser.add_argument(
+        "--label",
+        help="save as bench/results/<date>-<label>.json and .md, leaving latest.md and the day's full run alone "
+        "(for a run of some cases)",
+    )
     args = parser.parse_args()
     if args.render:
         print(render(json.loads(args.render.read_text())))
@@ -458,10 +464,11 @@ def main() -> int:
     print(text)
     if not args.no_save:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y-%m-%d")
-        (RESULTS / f"{stamp}-log.json").write_text(json.dumps(report, indent=2) + "\n")
-        (RESULTS / f"{stamp}-log.md").write_text(text + "\n")
-        (RESULTS / "latest.md").write_text(text + "\n")
+        name = f"{time.strftime('%Y-%m-%d')}-{args.label or 'log'}"
+        (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (RESULTS / f"{name}.md").write_text(text + "\n")
+        if not args.label:
+            (RESULTS / "latest.md").write_text(text + "\n")
     return 0
 
 

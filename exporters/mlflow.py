@@ -3,7 +3,8 @@
 What lands where (the reference is verl's ``Tracking(..., default_backend="mlflow")``):
 
 * the run: tracking URI from ``MLFLOW_TRACKING_URI`` (default ``sqlite:////tmp/mlruns.db``, as the
-  reference); ``MLFLOW_RUN_ID`` attaches to that existing run, else the experiment named after the
+  reference; one MLflow would refuse is a ``ConfigError`` before anything opens, see
+  :func:`check_environment`); ``MLFLOW_RUN_ID`` attaches to that existing run, else the experiment named after the
   project (created when missing) gets a new run named after the experiment, with the tags MLflow's
   fluent ``start_run`` would set (``mlflow.runName``, ``mlflow.user``, ``mlflow.source.*``).
   Opening is tried :data:`INIT_ATTEMPTS` times, :data:`INIT_RETRY_SLEEP_S` apart; when every try
@@ -38,6 +39,7 @@ Fixed against the reference:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -68,6 +70,7 @@ from otel_tracking.exporters._base import (
     span_timing,
 )
 from otel_tracking.generations import GENERATIONS_EVENT
+from otel_tracking.settings import ConfigError
 
 logger = logging.getLogger("otel_tracking.mlflow")
 
@@ -146,6 +149,66 @@ def _safe_uri(uri: str) -> str:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+# --- the tracking URI, checked without importing MLflow ------------------------------------------
+
+# The tracking stores MLflow 3 builds in (mlflow/tracking/_tracking_service/utils.py; a test holds
+# this list to MLflow's registry); plugins add theirs as ``mlflow.tracking_store`` entry points.
+TRACKING_SCHEMES = ("http", "https", "databricks")
+UNITY_CATALOG_SCHEMES = ("databricks-uc", "uc")  # registered, but refused as a tracking URI
+DATABASE_SCHEMES = ("postgresql", "mysql", "sqlite", "mssql")  # each with an optional +driver, through SQLAlchemy
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """``ConfigError`` for a tracking URI MLflow would refuse without asking any server, found in
+    the training process in milliseconds (MLflow's own refusal came only after its init attempts,
+    as "not reachable")."""
+    uri = env.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    allow_file_store = env.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1")
+    problem = tracking_uri_problem(uri, allow_file_store)
+    if problem is not None:
+        raise ConfigError(f"MLFLOW_TRACKING_URI={_safe_uri(uri)!r} {problem}")
+
+
+def tracking_uri_problem(uri: str, allow_file_store: bool = False) -> str | None:
+    """Why MLflow would refuse ``uri`` as a tracking URI (its own rules), or None."""
+    if uri == "databricks":  # MLflow takes the bare word as that store
+        return None
+    try:
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError as error:
+        return f"cannot be parsed as a URI ({error})"
+    scheme = parts.scheme.lower()
+    if len(scheme) == 1:  # a Windows drive letter: MLflow takes it as a local path
+        scheme = ""
+    if scheme in UNITY_CATALOG_SCHEMES or uri in UNITY_CATALOG_SCHEMES:
+        return "is a Unity Catalog URI, which MLflow's client does not take as a tracking URI"
+    if scheme in ("", "file"):
+        if allow_file_store:
+            return None
+        return (
+            "is a local path, and MLflow 3 refuses its file store (in maintenance mode): use a database "
+            "such as sqlite:////abs/path/mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true"
+        )
+    if scheme in ("http", "https") and not parts.hostname:  # MLflow takes it, and every request fails
+        return "has no host"
+    database, _, driver = scheme.partition("+")
+    if database in DATABASE_SCHEMES and "+" not in driver:
+        if importlib.util.find_spec("sqlalchemy") is None:
+            return "needs the 'sqlalchemy' package: pip install 'otel-tracking[mlflow]'"
+        return None
+    if scheme in TRACKING_SCHEMES or scheme in _plugin_schemes():
+        return None
+    known = ", ".join(TRACKING_SCHEMES + DATABASE_SCHEMES)
+    return f"has the scheme {scheme!r}, for which MLflow has no tracking store (it knows {known}, and plugins')"
+
+
+def _plugin_schemes() -> set[str]:
+    from importlib.metadata import entry_points
+
+    return {entry.name for entry in entry_points(group="mlflow.tracking_store")}
 
 
 def _error_code(error: BaseException) -> str | None:

@@ -17,6 +17,7 @@ the platform module as an argument (``platform_module``), for tests and for wrap
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from otel_tracking.exporters._base import (
@@ -60,6 +61,13 @@ def platform_wandb(platform: Any) -> Any:
         raise ConfigError(f"backend 'vemlp_wandb': {name!r} has no 'wandb' module") from error
 
 
+def check_environment(env: Mapping[str, str]) -> None:
+    """The access keys and region the platform's ``init`` needs: ``ConfigError`` naming what is missing."""
+    missing = [name for name in _ENV.values() if not env.get(name)]
+    if missing:
+        raise ConfigError(f"backend 'vemlp_wandb' needs the environment variable(s) {', '.join(missing)}")
+
+
 class VemlpWandbSession(WandbSession):
     """A wandb session on the platform's wandb module."""
 
@@ -68,9 +76,7 @@ class VemlpWandbSession(WandbSession):
     @classmethod
     def open(cls, context: BridgeContext, platform_module: Any = None) -> WandbSession:
         platform = import_platform() if platform_module is None else platform_module
-        missing = [name for name in _ENV.values() if not context.env.get(name)]
-        if missing:
-            raise ConfigError(f"backend 'vemlp_wandb' needs the environment variable(s) {', '.join(missing)}")
+        check_environment(context.env)
         platform.init(**{arg: context.env[name] for arg, name in _ENV.items()})
         kwargs: dict[str, Any] = {
             "project": context.project,

@@ -21,6 +21,14 @@ at least once, never lost (an item delivered in the last ~50 ms before a crash m
 The child ignores SIGINT and SIGTERM (the training process finishes the run and then tells it to
 finish) and finishes on its own when the training process is gone.
 
+Opening a tracker can take long (SDK imports) or hang (a proxy that never answers, and MLflow's
+client waits 120 s a request).  So the child opens each bridge on a thread of its own and reports
+each outcome as it comes; ``Tracking()`` waits ``OTEL_TRACKING_START_TIMEOUT`` for them.  A bridge
+that fails by then raises there, as in one process; one still opening goes on in the background,
+its items waiting in its queue in the child (acknowledged only once delivered or spooled): it
+delivers them in order once it opens, or spools them, with a warning, if it fails.  A watchdog
+thread ends the child once the training process is gone, whatever the child is doing.
+
 ``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the bridges in the training process instead (for
 trackers' console capture of the training process's own output, see the README).
 """
@@ -57,7 +65,20 @@ _STOP = object()
 _ACK_INTERVAL_S = 0.05
 _GRACE_S = 10.0  # beyond the finish deadline, for the child to close its backends and answer
 _TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not
+_CRASH_TEARDOWN_S = 5.0  # the same after the training process died: nobody waits for a clean exit
+_WATCH_INTERVAL_S = 0.2  # how often the child looks whether the training process is still there
 _NICE = 10  # the child yields the CPU to the training loop
+# One tracker SDK import at a time: two threads importing packages that import each other can
+# fail ("partially initialized module").  The opens themselves (a server, maybe hung) overlap.
+_IMPORTING = threading.Lock()
+# What the training process assumes of a bridge still opening: it may take everything.
+_OPENING = {
+    "metrics": True,
+    "spans": True,
+    "logs": True,
+    "where": "opening in the otel-tracking bridge process",
+    "resume": None,
+}
 
 
 class _Message:
@@ -91,6 +112,11 @@ class BridgeProcess:
         self._finished = False
         self._finished_ok = False  # the child answered "finished": its exit is not a death
         self._stats: dict[str, dict[str, int]] = {}
+        # The start window: the child's "opened"/"failed" outcomes, until open() stops waiting.
+        self._opening = threading.Condition()
+        self._outcomes: dict[str, tuple[Any, ...]] = {}
+        self._window_open = True
+        self._gone_early = False  # the child exited while open() was waiting
         to_child_r, self._to_child_w = os.pipe()
         self._from_child_r, from_child_w = os.pipe()
         out = _fileno(sys.stdout)
@@ -100,7 +126,14 @@ class BridgeProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env["PYTHONUNBUFFERED"] = "1"  # the backends' messages appear when they happen, not at exit
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "otel_tracking.bridge_process", str(to_child_r), str(from_child_w)],
+            [
+                sys.executable,
+                "-m",
+                "otel_tracking.bridge_process",
+                str(to_child_r),
+                str(from_child_w),
+                str(os.getpid()),  # the child's watchdog compares its parent with this
+            ],
             pass_fds=(to_child_r, from_child_w),
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -118,29 +151,67 @@ class BridgeProcess:
     # --- start -----------------------------------------------------------------------------------
 
     def open(self, names: Sequence[str], config: Any) -> list[RemoteSink]:
-        """Build the named bridges in the child; their remote sinks, in order.  A bridge that cannot
-        start raises here, as it would in one process."""
+        """Have the child open the named bridges (each on its own thread) and wait for them up to
+        the start window; their remote sinks, in order.  A bridge that fails within the window
+        raises here, as it would in one process; one still opening after it opens in the
+        background (one warning names it) and its items wait for it in the child."""
         settings = replace(self.settings, env=dict(self.settings.env))
         # sys.argv too: trackers record the training script (MLflow's source tags).
         opening = ("open", settings, _picklable(redact_config(config)), list(names), list(sys.argv))
         self._send(opening)
-        reply = self._read()
-        if reply is None or reply[0] != "ready":
-            self._reap(timeout_s=5.0)
-            if reply is None:
-                raise RuntimeError(
-                    f"the otel-tracking bridge process exited (code {self.process.returncode}) before it "
-                    "opened the backends; its error is above"
-                )
-            raise _error_from(reply[1], reply[2])
-        for name in names:
-            info = reply[1][name]
-            self.sinks[name] = RemoteSink(self, name, info)
-        self._thread = threading.Thread(target=self._send_loop, name="otel-tracking-bridges", daemon=True)
-        self._thread.start()
         self._reader = threading.Thread(target=self._read_loop, name="otel-tracking-bridges-acks", daemon=True)
         self._reader.start()
+        outcomes, gone = self._wait_for_outcomes(names, time.monotonic() + settings.start_timeout_s)
+        if gone:
+            self._reap(timeout_s=5.0)
+            raise RuntimeError(
+                f"the otel-tracking bridge process exited (code {self.process.returncode}) before it "
+                "opened the backends; its error is above"
+            )
+        failed = [outcomes[name] for name in names if outcomes.get(name, ("",))[0] == "failed"]
+        if failed:
+            self._abort()
+            raise _error_from(failed[0][2], failed[0][3])
+        still_opening = [name for name in names if name not in outcomes]
+        if still_opening:
+            logger.warning(
+                "otel-tracking: %s still opening after %g s (OTEL_TRACKING_START_TIMEOUT); training goes on. "
+                "%s in the background; what is logged meanwhile waits for it, and is spooled (with a "
+                "warning) if it fails",
+                ", ".join(still_opening),
+                settings.start_timeout_s,
+                "It opens" if len(still_opening) == 1 else "They open",
+            )
+        self._thread = threading.Thread(target=self._send_loop, name="otel-tracking-bridges", daemon=True)
+        self._thread.start()
         return [self.sinks[name] for name in names]
+
+    def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, tuple[Any, ...]], bool]:
+        """Wait until every bridge opened, one failed, the child is gone, or ``deadline``; then close
+        the window: every bridge gets its remote sink now, and later outcomes are the reader's to
+        handle.  (outcomes within the window, whether the child is gone)."""
+        with self._opening:
+            while not (
+                self._gone_early
+                or len(self._outcomes) == len(names)
+                or any(outcome[0] == "failed" for outcome in self._outcomes.values())
+            ):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._opening.wait(remaining)
+            self._window_open = False
+            outcomes = dict(self._outcomes)
+            for name in names:
+                outcome = outcomes.get(name)
+                info = outcome[2] if outcome is not None and outcome[0] == "opened" else _OPENING
+                self.sinks[name] = RemoteSink(self, name, info)
+            return outcomes, self._gone_early
+
+    def _abort(self) -> None:
+        """A bridge failed to open: the child ends the runs that did open (as failed) and exits."""
+        self._request(("finish", 1, 0.0), "finished", _GRACE_S)
+        self._reap(timeout_s=5.0)
 
     # --- the training thread's side --------------------------------------------------------------
 
@@ -199,10 +270,16 @@ class BridgeProcess:
             if message is None:
                 with contextlib.suppress(OSError):
                     self._from_child.close()
+                with self._opening:  # while open() waits, it reports the exit itself
+                    self._gone_early = self._window_open
+                    self._opening.notify_all()
                 if not self._finished_ok:
-                    self._child_gone()
+                    self._child_gone(warn=not self._gone_early)
                 self._replies.put(None)
                 return
+            if message[0] in ("opened", "failed"):
+                self._outcome(message)
+                continue
             if message[0] == "acks":
                 with self._ack_lock:
                     for seq, name in message[1]:
@@ -218,7 +295,21 @@ class BridgeProcess:
                     self._unacked.clear()
             self._replies.put(message)
 
-    def _child_gone(self) -> None:
+    def _outcome(self, outcome: tuple[Any, ...]) -> None:
+        """A bridge opened or failed: open() takes it while it waits; after that, the remote sink."""
+        name = outcome[1]
+        with self._opening:
+            if self._window_open:
+                self._outcomes[name] = outcome
+                self._opening.notify_all()
+                return
+        sink = self.sinks[name]
+        if outcome[0] == "opened":
+            sink.opened_late(outcome[2])
+        else:
+            sink.failed_late(f"{outcome[2]}: {outcome[3]}")
+
+    def _child_gone(self, warn: bool = True) -> None:
         """The child died: spool everything it had not acknowledged, once."""
         with self._ack_lock:
             if self._dead:
@@ -226,6 +317,8 @@ class BridgeProcess:
             self._dead = True
             pending = list(self._unacked.values())
             self._unacked.clear()
+        if not warn:
+            return
         logger.warning(
             "otel-tracking: the bridge process is gone (exit code %s); %d item(s) it had not delivered, and "
             "everything after, are spooled for `otel-tracking replay`",
@@ -354,7 +447,11 @@ class RemoteSink(Sink):
         self._spool: Spool | None = None
 
     def start(
-        self, spool: Spool | None, policy: Policy | None = None, done: Callable[[Any], None] | None = None
+        self,
+        spool: Spool | None,
+        policy: Policy | None = None,
+        done: Callable[[Any], None] | None = None,
+        held: bool = False,
     ) -> None:
         if spool is not None:  # the child spools to <sink>.jsonl; this side, only when the link fails
             spool = Spool(spool.path.with_suffix(".link.jsonl"), spool.header)
@@ -362,6 +459,28 @@ class RemoteSink(Sink):
 
     def _submit(self, kind: str, payload: Any) -> None:
         self.link.submit(self.name, kind, payload)
+
+    def opened_late(self, info: dict[str, Any]) -> None:
+        """The bridge opened after the start window: what it was sent meanwhile is delivered now."""
+        self.where = info["where"]
+        self.resume = info["resume"]
+        if self._spool is not None:  # replay of the link's spool reattaches to the same run
+            self._spool.header["resume"] = info["resume"]
+        if not (info["metrics"] or info["spans"] or info["logs"]):  # MLflow not reachable, after its attempts
+            self.failed_late(f"it opened with nothing to write to: {info['where']}")
+        else:
+            logger.info("otel-tracking: %s opened: %s", self.name, self.where)
+
+    def failed_late(self, error: str) -> None:
+        """The bridge failed after the start window: the child spools everything for it."""
+        self.where = f"did not open ({error}): spooled"
+        logger.warning(
+            "otel-tracking: %s did not open (%s); what was logged for it, and everything after, is "
+            "spooled: deliver it later with `otel-tracking replay %s`",
+            self.name,
+            error,
+            self.link.settings.spool_dir,
+        )
 
     def spool_item(self, kind: str, payload: Any) -> None:
         set_aside(self.name, self._spool, kind, payload, self.count)
@@ -436,11 +555,10 @@ def _fileno(stream: Any) -> int | None:
 # --- the child -------------------------------------------------------------------------------------
 
 
-def serve(inbox: Connection, outbox: Connection) -> int:
-    """The bridge process: open the bridges, feed them until told to finish (or the training
-    process is gone), acknowledging every item once each sink is done with it, then finish them
-    and report the counts."""
-    from otel_tracking.registry import build_checked_sink
+def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
+    """The bridge process: open the bridges (each on its own thread), feed them until told to
+    finish (or the training process is gone), acknowledging every item once each sink is done
+    with it, then finish them and report the counts."""
     from otel_tracking.run import build_resource, sink_spool
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -448,46 +566,81 @@ def serve(inbox: Connection, outbox: Connection) -> int:
     with contextlib.suppress(OSError):
         os.nice(_NICE)
     replies = _Outbox(outbox)
-
-    _, settings, config, names, argv = pickle.loads(inbox.recv_bytes())
-    sys.argv = argv
-    parent = os.getppid()
-    sinks: dict[str, Sink] = {}
     try:
-        for name in names:
-            sinks[name] = build_checked_sink(name, settings, config)
-    except Exception as error:
-        finish_sinks(list(sinks.values()), 1, time.monotonic() + 5.0)
-        replies.send(("error", type(error).__name__, str(error)))
-        return 1
+        _, settings, config, names, argv = pickle.loads(inbox.recv_bytes())
+    except (OSError, EOFError):
+        return 1  # the training process died before it asked for anything
+    sys.argv = argv
+    watchdog = _Watchdog(parent, settings.finish_timeout_s + _GRACE_S)
+    # Each sink's queue exists before its bridge opens: what arrives meanwhile waits there.
+    sinks = {name: Sink(name, named_events_only=True) for name in names}
     for sink in sinks.values():
-        sink.start(sink_spool(sink, settings, parent), settings.delivery, done=replies.acknowledge)
-    replies.send(
-        (
-            "ready",
-            {
-                name: {
-                    "metrics": sink.metrics is not None,
-                    "spans": sink.spans is not None,
-                    "logs": sink.logs is not None,
-                    "where": sink.where,
-                    "resume": sink.resume,
-                }
-                for name, sink in sinks.items()
-            },
-        )
-    )
+        sink.start(sink_spool(sink, settings, parent), settings.delivery, done=replies.acknowledge, held=True)
     replies.start()
-    resource = build_resource(settings)
+    for sink in sinks.values():
+        opener = threading.Thread(
+            target=_open_bridge, args=(sink, settings, config, replies), name=f"otel-tracking-open-{sink.name}"
+        )
+        opener.daemon = True  # an open stuck on a hung server must not keep the process alive
+        opener.start()
+    finish = _feed(inbox, sinks, build_resource(settings), replies, watchdog)
+    if finish is not None:  # the training process asked: every backend is finished
+        exit_code, timeout_s = finish
+        finish_sinks(list(sinks.values()), exit_code, time.monotonic() + timeout_s)
+        replies.send(("finished", {name: sink.stats.as_dict() for name, sink in sinks.items()}))
+        _exit_after(_TEARDOWN_S)
+        return 0
+    # The training process ended without finishing the run: deliver what it handed over, as a
+    # crash.  Nobody waits for a tracker still opening: what waits for it is spooled.
+    for sink in sinks.values():
+        sink.give_up()
+    finish_sinks(list(sinks.values()), 1, time.monotonic() + settings.finish_timeout_s)
+    _exit_after(_CRASH_TEARDOWN_S)
+    return 1
+
+
+def _open_bridge(sink: Sink, settings: Settings, config: Any, replies: _Outbox) -> None:
+    """Open one tracker (a slow or hung one delays no other) and tell the training process how
+    it went; its held items are then delivered in order, or spooled if it failed."""
+    from otel_tracking.registry import import_sdk, open_checked_bridge
+
+    try:
+        with _IMPORTING:
+            import_sdk(sink.name)
+        parts = open_checked_bridge(sink.name, settings, config)
+    except BaseException as error:  # the top of this thread: every error is the bridge's outcome
+        sink.give_up()
+        replies.tell(("failed", sink.name, type(error).__name__, str(error)))
+        return
+    if not sink.attach(parts):  # the run finished while this one was opening: end it, as failed
+        if parts.finish is not None:
+            with contextlib.suppress(Exception):
+                parts.finish(1)
+        return
+    info = {
+        "metrics": sink.metrics is not None,
+        "spans": sink.spans is not None,
+        "logs": sink.logs is not None,
+        "where": sink.where,
+        "resume": sink.resume,
+    }
+    replies.tell(("opened", sink.name, info))
+
+
+def _feed(
+    inbox: Connection, sinks: dict[str, Sink], resource: Any, replies: _Outbox, watchdog: _Watchdog
+) -> tuple[int, float] | None:
+    """Hand each item to its sinks' queues, answer flush requests; (exit code, timeout) once told
+    to finish, None once the training process is gone."""
     while True:
         try:
-            if not inbox.poll(1.0):
-                if os.getppid() != parent:  # the training process is gone without finishing
-                    break
+            if not inbox.poll(_WATCH_INTERVAL_S):
+                if watchdog.parent_gone.is_set():  # gone without finishing (its pipe may live on in a fork)
+                    return None
                 continue
             message = pickle.loads(inbox.recv_bytes())
         except (OSError, EOFError):
-            break
+            return None
         kind = message[0]
         if kind in ("metrics", "spans", "logs"):
             seq, targets = message[1], message[2]
@@ -504,13 +657,28 @@ def serve(inbox: Connection, outbox: Connection) -> int:
             deadline = time.monotonic() + message[1]
             replies.send(("flushed", flush_sinks(list(sinks.values()), deadline)))
         elif kind == "finish":
-            finish_sinks(list(sinks.values()), message[1], time.monotonic() + message[2])
-            replies.send(("finished", {name: sink.stats.as_dict() for name, sink in sinks.items()}))
-            _exit_after(_TEARDOWN_S)
-            return 0
-    # The training process ended without finishing the run: deliver what arrived, as a crash.
-    finish_sinks(list(sinks.values()), 1, time.monotonic() + settings.finish_timeout_s)
-    return 1
+            return message[1], message[2]
+
+
+class _Watchdog:
+    """Ends the bridge process once the training process is gone, whatever the child is doing (a
+    tracker's open stuck on a hung server, a backend that hangs while its run ends): it sets
+    ``parent_gone``, on which the main loop takes the crash path, and exits the process
+    ``grace_s`` later if that has not ended it.  Polling ``getppid()`` sees the death even when
+    a forked process of the training job still holds the pipe open."""
+
+    def __init__(self, parent: int, grace_s: float) -> None:
+        self.parent = parent
+        self.grace_s = grace_s
+        self.parent_gone = threading.Event()
+        threading.Thread(target=self._watch, name="otel-tracking-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        while os.getppid() == self.parent:
+            time.sleep(_WATCH_INTERVAL_S)
+        self.parent_gone.set()
+        time.sleep(self.grace_s)
+        _hard_exit(1)
 
 
 class _Outbox:
@@ -532,6 +700,11 @@ class _Outbox:
             self._send_acks()  # acknowledgements first: a reply never overtakes them
             self._connection.send_bytes(data)
 
+    def tell(self, message: Any) -> None:
+        """:meth:`send`, from a thread of its own: a training process already gone is no error."""
+        with contextlib.suppress(OSError):
+            self.send(message)
+
     def _send_acks(self) -> None:
         if self._acks:
             acks, self._acks = self._acks, []
@@ -552,15 +725,22 @@ class _Outbox:
 
 def _exit_after(seconds: float) -> None:
     """A backend thread that never ends must not keep a finished bridge process alive."""
-    timer = threading.Timer(seconds, os._exit, args=(0,))
+    timer = threading.Timer(seconds, _hard_exit, args=(0,))
     timer.daemon = True
     timer.start()
+
+
+def _hard_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def main(argv: Sequence[str]) -> int:
     inbox = Connection(int(argv[0]), writable=False)
     outbox = Connection(int(argv[1]), readable=False)
-    return serve(inbox, outbox)
+    return serve(inbox, outbox, parent=int(argv[2]))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ After an item has used up its attempts the sink is *degraded*: new items go stra
 (no waiting on a dead backend), and every ``probe_interval_s`` one item is tried again; one success
 ends the degraded state.  At ``stop()`` the queue is drained until the deadline, with at most one
 attempt per item; what is left is spooled.  Every outcome is counted in the sink's stats.
+
+A worker can start *held*, for a backend that is still opening: its queue keeps what comes (a full
+queue spools, as always) and its thread waits; ``release()`` (opened) delivers it all in order,
+``give_up()`` (failed, or nobody waits any more) spools it and everything after.
 """
 
 from __future__ import annotations
@@ -207,7 +211,7 @@ class Worker:
     """The queue and thread of one sink.  ``deliver(kind, payload) -> bool`` is the sink's guarded
     export call; ``count(field, n)`` updates the sink's stats; ``done(token)``, when given, hears
     of every submitted item that reached its end (delivered, spooled or dropped), by the token it
-    was submitted with.
+    was submitted with.  ``held``: the backend is still opening (see :meth:`release`).
 
     Every move of an item (handed, queued, taken, delivered, spooled, dropped) happens under one
     condition lock together with its count in :attr:`ledger`; exports and retry waits happen
@@ -221,6 +225,7 @@ class Worker:
         spool: Spool | None,
         policy: Policy | None = None,
         done: Callable[[Any], None] | None = None,
+        held: bool = False,
     ) -> None:
         self.name = name
         self._deliver = deliver
@@ -236,6 +241,8 @@ class Worker:
         self._given_up = False  # stop() spooled the in-flight item while its export hung
         self._next_export = 0.0  # spans and log records wait until then (policy.export_interval_s)
         self._hurry = 0  # flushes waiting: nothing is held for the export interval meanwhile
+        self._opening = held  # the backend is still opening: items wait (release() / give_up())
+        self._never_opened = False  # give_up() came first: every item goes to the spool
         self._stopping = threading.Event()
         self._degraded_until = 0.0  # monotonic time of the next probe while degraded
         self._thread = threading.Thread(target=self._run, name=f"otel-tracking-{name}", daemon=True)
@@ -249,6 +256,32 @@ class Worker:
     def snapshot(self) -> Ledger:
         with self._lock:
             return dataclasses.replace(self.ledger)
+
+    # --- a backend still opening -----------------------------------------------------------------
+
+    @property
+    def held(self) -> bool:
+        return self._opening
+
+    def release(self) -> bool:
+        """The backend opened: deliver what was held, in order, then everything after.  False if
+        it was given up first."""
+        with self._lock:
+            if self._never_opened:
+                return False
+            self._opening = False
+            self._lock.notify_all()
+            return True
+
+    def give_up(self) -> bool:
+        """The backend will not open: spool what was held and everything after.  False (and
+        nothing changes) if it had opened."""
+        with self._lock:
+            if not self._opening and not self._never_opened:
+                return False
+            self._never_opened, self._opening = True, False
+            self._lock.notify_all()
+            return True
 
     # --- the training thread's side --------------------------------------------------------------
 
@@ -272,10 +305,11 @@ class Worker:
         """The next item (same-kind spans or log records merged, up to _MAX_MERGE), now in flight;
         None once stopped and empty."""
         with self._lock:
-            while not self._items or self._holding_back():
+            while not self._items or self._opening or self._holding_back():
                 if self._closed and not self._items:
                     return None
-                self._lock.wait(max(0.0, self._next_export - time.monotonic()) if self._items else None)
+                holding = self._items and not self._opening
+                self._lock.wait(max(0.0, self._next_export - time.monotonic()) if holding else None)
             if self._items[0][0] in _MERGEABLE and self.policy.export_interval_s:
                 self._next_export = time.monotonic() + self.policy.export_interval_s
             kind, payload, token = self._items.popleft()
@@ -338,7 +372,7 @@ class Worker:
                 self._done(token)
 
     def _attempt(self, kind: str, payload: Any) -> None:
-        if self._degraded_until and time.monotonic() < self._degraded_until:
+        if self._never_opened or (self._degraded_until and time.monotonic() < self._degraded_until):
             self._settle(kind, payload, delivered=False)
             return
         attempts = 1 if (self._stopping.is_set() or self._degraded_until) else self.policy.max_attempts
@@ -372,11 +406,13 @@ class Worker:
                 self._hurry -= 1
 
     def stop(self, timeout_s: float) -> None:
-        """Drain (one attempt per item) until the deadline; spool what is left, including an item
-        whose export still hangs then; end the thread."""
+        """Drain (one attempt per item) until the deadline, a backend still opening included; spool
+        what is left (giving up an open that did not come), including an item whose export still
+        hangs then; end the thread."""
         self._stopping.set()
         deadline = time.monotonic() + timeout_s
         self.flush(timeout_s)
+        self.give_up()  # a backend still opening is given up (no-op if it opened)
         with self._lock:  # past the deadline: whatever is still queued goes to the spool
             while self._items:
                 kind, payload, token = self._items.popleft()

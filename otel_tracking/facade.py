@@ -28,6 +28,7 @@ from otel_tracking.registry import (
     build_checked_sink,
     build_env_sinks,
     build_otlp_sinks,
+    check_bridge,
     is_bridge,
 )
 from otel_tracking.rl_insight import RLInsightLogger
@@ -75,6 +76,8 @@ class Tracking:
         try:
             # The ML bridges in one child process (bridge_process.py), the rest here.
             bridges = [n for n in names if is_bridge(n)] if settings.bridge_process else []
+            for name in bridges:  # what needs no server fails here, before any process starts
+                check_bridge(name, settings)
             if bridges:
                 remote = dict(zip(bridges, start_bridges(bridges, settings, config), strict=True))
             for name in names:

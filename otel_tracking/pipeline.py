@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk._logs import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
@@ -27,6 +27,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking.delivery import Policy, Spool, Worker, item_count
 from otel_tracking.steps import StepBatch, materialize
+
+if TYPE_CHECKING:
+    from otel_tracking.exporters._base import BridgeParts
 
 logger = logging.getLogger("otel_tracking")
 
@@ -81,14 +84,46 @@ class Sink:
         self._lock = threading.Lock()
         self._warned = False
         self._finished = False
+        self._sealed = False  # finished past its exporters: a bridge opening now is too late
 
     def start(
-        self, spool: Spool | None, policy: Policy | None = None, done: Callable[[Any], None] | None = None
+        self,
+        spool: Spool | None,
+        policy: Policy | None = None,
+        done: Callable[[Any], None] | None = None,
+        held: bool = False,
     ) -> None:
         """Give a non-inline sink its worker (the run does this once its spool path is known);
-        ``done(token)`` hears when each item submitted with a token reached its end."""
+        ``done(token)`` hears when each item submitted with a token reached its end.  A ``held``
+        sink's backend is still opening: its queue keeps what comes until :meth:`attach`."""
         if not self.inline and self.worker is None:
-            self.worker = Worker(self.name, self.deliver, self.count, spool, policy, done)
+            self.worker = Worker(self.name, self.deliver, self.count, spool, policy, done, held=held)
+
+    def attach(self, parts: BridgeParts) -> bool:
+        """Take the exporters of the bridge that just opened; a held worker then delivers what
+        waited, in order (or spools it, when the bridge opened with nothing to write to: MLflow
+        not reachable).  False when the sink was finished first: the caller ends the late run."""
+        with self._lock:
+            if self._sealed:
+                return False
+            self.metrics, self.spans, self.logs = parts.metrics, parts.spans, parts.logs
+            self._on_finish = parts.finish
+            self.where = parts.where
+            self.resume = parts.resume
+        if self.worker is not None:
+            if self.worker.spool is not None:  # replay reattaches to this run (if nothing was spooled yet)
+                self.worker.spool.header["resume"] = parts.resume
+            if self.metrics is None and self.spans is None and self.logs is None:
+                self.worker.give_up()
+            else:
+                self.worker.release()
+        return True
+
+    def give_up(self) -> None:
+        """The backend of a held sink will not open (it failed, or nobody waits for it any more):
+        what waited for it, and everything after, is spooled.  Nothing changes once it opened."""
+        if self.worker is not None:
+            self.worker.give_up()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until what was handed to this sink so far is delivered or spooled."""
@@ -165,7 +200,9 @@ class Sink:
             return
         self._finished = True
         if self.worker is not None:
-            self.worker.stop(timeout_s)
+            self.worker.stop(timeout_s)  # a backend still opening is waited for until the deadline, then given up
+        with self._lock:
+            self._sealed = True
         for exporter in (self.metrics, self.spans, self.logs):
             if exporter is None:
                 continue

@@ -8,14 +8,20 @@ so ``import otel_tracking`` never imports a tracker's SDK.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
 import logging
-from collections.abc import Iterable
-from typing import Any
+import sys
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from otel_tracking.pipeline import Sink
 from otel_tracking.redact import redact_config
 from otel_tracking.settings import ConfigError, Settings, describe_otlp
+
+if TYPE_CHECKING:
+    from otel_tracking.exporters._base import BridgeParts
 
 SUPPORTED_BACKENDS: tuple[str, ...] = (
     "wandb",
@@ -34,6 +40,16 @@ SUPPORTED_BACKENDS: tuple[str, ...] = (
 _BRIDGES = {
     "wandb": "wandb",
     "vemlp_wandb": "vemlp_wandb",
+    "mlflow": "mlflow",
+    "swanlab": "swanlab",
+    "tensorboard": "tensorboard",
+    "clearml": "clearml",
+    "trackio": "trackio",
+}
+# backend name -> the top-level package of its SDK (the extra of the same name installs it)
+_SDKS = {
+    "wandb": "wandb",
+    "vemlp_wandb": "volcengine_ml_platform",  # no extra of ours installs this one
     "mlflow": "mlflow",
     "swanlab": "swanlab",
     "tensorboard": "tensorboard",
@@ -69,12 +85,24 @@ def build_sink(name: str, settings: Settings, config: Any, resume: Any = None) -
         from otel_tracking.exporters.console import ConsoleMetricExporter
 
         return Sink("console", metrics=ConsoleMetricExporter(), where="stdout", inline=True)
-    module_name = _BRIDGES.get(name)
-    if module_name is None:
+    sink = Sink(name, named_events_only=True)
+    sink.attach(open_bridge(name, settings, config, resume))
+    return sink
+
+
+def build_checked_sink(name: str, settings: Settings, config: Any, resume: Any = None) -> Sink:
+    """:func:`build_sink`, with the errors a user can act on said plainly."""
+    with _plain_errors(name):
+        return build_sink(name, settings, config, resume)
+
+
+def open_bridge(name: str, settings: Settings, config: Any, resume: Any = None) -> BridgeParts:
+    """Open one tracker's run (this may take long: imports, a server); its exporters."""
+    if name not in _BRIDGES:
         raise ConfigError(f"{name!r} is not a backend; supported: {', '.join(SUPPORTED_BACKENDS)}")
+    check_bridge(name, settings)
     from otel_tracking.exporters._base import BridgeContext
 
-    module = importlib.import_module(f"otel_tracking.exporters.{module_name}")
     context = BridgeContext(
         project=settings.project,
         experiment=settings.experiment,
@@ -83,29 +111,65 @@ def build_sink(name: str, settings: Settings, config: Any, resume: Any = None) -
         run_id=settings.run_id,
         resume=resume,
     )
-    parts = module.open_bridge(context)
-    return Sink(
-        name,
-        metrics=parts.metrics,
-        spans=parts.spans,
-        logs=parts.logs,
-        on_finish=parts.finish,
-        where=parts.where,
-        named_events_only=True,
-        resume=parts.resume,
-    )
+    parts: BridgeParts = _bridge_module(name).open_bridge(context)
+    return parts
 
 
-def build_checked_sink(name: str, settings: Settings, config: Any, resume: Any = None) -> Sink:
-    """:func:`build_sink`, with the errors a user can act on said plainly."""
+def open_checked_bridge(name: str, settings: Settings, config: Any) -> BridgeParts:
+    """:func:`open_bridge`, with the errors a user can act on said plainly."""
+    with _plain_errors(name):
+        return open_bridge(name, settings, config)
+
+
+@contextlib.contextmanager
+def _plain_errors(name: str) -> Iterator[None]:
     try:
-        return build_sink(name, settings, config, resume)
+        yield
     except ModuleNotFoundError as error:
         raise ConfigError(
             f"backend {name!r} needs the {error.name!r} package: pip install 'otel-tracking[{name}]'"
         ) from error
     except OSError as error:
         raise ConfigError(f"backend {name!r} cannot write where it should: {error}") from error
+
+
+def check_bridge(name: str, settings: Settings) -> None:
+    """What is wrong with a tracker's setup that needs no server to find, found in milliseconds and
+    without importing its SDK: a missing package (one rule for every tracker: ``ConfigError``
+    naming the extra to install) and the bridge's own ``check_environment`` (e.g. an MLflow
+    tracking URI MLflow would refuse)."""
+    package = _SDKS[name]
+    if not _installed(package):
+        if name == "vemlp_wandb":
+            raise ConfigError(
+                f"backend 'vemlp_wandb' needs Volcengine ML Platform's SDK, the {package!r} package, "
+                "which is not installed in this environment"
+            )
+        raise ConfigError(f"backend {name!r} needs the {package!r} package: pip install 'otel-tracking[{name}]'")
+    check = getattr(_bridge_module(name), "check_environment", None)
+    if check is not None:
+        check(settings.env)
+
+
+def import_sdk(name: str) -> None:
+    """Import the tracker's SDK package (what :func:`open_bridge` would import first anyway)."""
+    with _plain_errors(name):
+        importlib.import_module(_SDKS[name])
+
+
+def _installed(package: str) -> bool:
+    """Whether ``import package`` would find it; the package itself is not imported."""
+    if package in sys.modules:  # imported already, or a stand-in (None: blocked)
+        return sys.modules[package] is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _bridge_module(name: str) -> Any:
+    """The bridge's module: light, its SDK is imported only when a run is opened."""
+    return importlib.import_module(f"otel_tracking.exporters.{_BRIDGES[name]}")
 
 
 def is_bridge(name: str) -> bool:

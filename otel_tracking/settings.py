@@ -114,6 +114,7 @@ class Settings:
     sdk_disabled: bool = False
     delivery: Policy = field(default_factory=Policy)
     finish_timeout_s: float = 30.0
+    start_timeout_s: float = 5.0  # how long Tracking() waits for the bridge process to open the trackers
     bridge_process: bool = True  # the ML bridges run in a child process (bridge_process.py)
     spool_dir: Path = Path("spool")
     file_path: Path | None = None
@@ -216,6 +217,7 @@ def build_settings(
         sdk_disabled=sdk_disabled,
         delivery=policy,
         finish_timeout_s=_number(e, "OTEL_TRACKING_FINISH_TIMEOUT", 30.0, minimum=0.0),
+        start_timeout_s=_number(e, "OTEL_TRACKING_START_TIMEOUT", 5.0, minimum=0.0),
         bridge_process=_bool(e, "OTEL_TRACKING_BRIDGE_PROCESS", default=True),
         spool_dir=spool_dir(project, experiment, run_id, e),
         file_path=file_sink_path(project, experiment, e),

@@ -1,5 +1,6 @@
-"""Real servers for tests, on loopback, started and stopped by PID: an MLflow tracking server and a
-TCP proxy that delays every request."""
+"""Real servers for tests, on loopback, started and stopped by PID: an MLflow tracking server, a
+TCP proxy that delays (or holds) every request, and a server that accepts connections and never
+answers (a hung proxy)."""
 
 from __future__ import annotations
 
@@ -79,11 +80,13 @@ class MlflowServer:
 
 class DelayProxy:
     """Forwards 127.0.0.1:port to a target, holding every chunk from the client for ``delay_s``
-    (one HTTP request is one chunk or a few: each request waits about ``delay_s``)."""
+    (one HTTP request is one chunk or a few: each request waits about ``delay_s``) and, with a
+    ``gate``, for as long as the gate is not set."""
 
-    def __init__(self, target_port: int, delay_s: float) -> None:
+    def __init__(self, target_port: int, delay_s: float = 0.0, gate: threading.Event | None = None) -> None:
         self.target_port = target_port
         self.delay_s = delay_s
+        self.gate = gate
         self.port = free_port()
         self._server = socket.create_server(("127.0.0.1", self.port))
         self._stop = threading.Event()
@@ -110,14 +113,21 @@ class DelayProxy:
             except OSError:
                 client.close()
                 continue
-            for source, sink, delay in ((client, upstream, self.delay_s), (upstream, client, 0.0)):
-                threading.Thread(target=self._pipe, args=(source, sink, delay), daemon=True).start()
+            upstream.settimeout(None)  # an answer held at the gate is late, not lost
+            for source, sink, delay, gate in (
+                (client, upstream, self.delay_s, self.gate),
+                (upstream, client, 0.0, None),
+            ):
+                threading.Thread(target=self._pipe, args=(source, sink, delay, gate), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket, delay: float) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, delay: float, gate: threading.Event | None) -> None:
         try:
             while chunk := source.recv(65536):
                 if delay:
                     time.sleep(delay)
+                while gate is not None and not gate.wait(0.1):
+                    if self._stop.is_set():
+                        return
                 sink.sendall(chunk)
         except OSError:
             pass
@@ -125,3 +135,71 @@ class DelayProxy:
             for s in (source, sink):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+class HungServer:
+    """Accepts TCP connections on 127.0.0.1:port, reads what comes and never answers: a hung
+    proxy in front of a tracker.  A client waits until its own timeout, or forever."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        self.accepted = threading.Event()  # a client connected
+        self._connections: list[socket.socket] = []
+        self._stop = threading.Event()
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> HungServer:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._server.close()
+        for connection in self._connections:
+            with contextlib.suppress(OSError):
+                connection.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._server.accept()
+            except OSError:
+                return
+            self._connections.append(connection)
+            self.accepted.set()
+            threading.Thread(target=self._swallow, args=(connection,), daemon=True).start()
+
+    def _swallow(self, connection: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while connection.recv(65536):
+                pass
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie waiting for its parent counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie still answers kill(0): look at its state
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def live_children(parent: int | None = None) -> set[int]:
+    """Live (non-zombie) child processes of ``parent`` (default: this process)."""
+    parent = os.getpid() if parent is None else parent
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found

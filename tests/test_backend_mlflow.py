@@ -311,11 +311,18 @@ def test_nonzero_exit_code_marks_the_run_failed(store: Store) -> None:
 
 
 def test_unreachable_tracking_uri_proceeds_without_mlflow(
-    bridge: ModuleType, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    bridge: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """MLflow's three init attempts (5 s apart in the bridge process) all fail: within the start
+    window the run goes on without MLflow, as the reference; after it, MLflow counts as a tracker
+    that failed to open in the background: its data is spooled, with a warning."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{readers.closed_port()}")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", "60")
     started = time.monotonic()
     tracking = Tracking("unreachable", "run", default_backend=["mlflow", "file"])
     tracking.log({"loss": 1.0}, step=1)
@@ -331,6 +338,18 @@ def test_unreachable_tracking_uri_proceeds_without_mlflow(
     # The rest of the run went on.
     lines = Path("unreachable/run.jsonl").read_text().splitlines()
     assert json.loads(lines[0]) == {"step": 1, "data": {"loss": 1.0}}
+
+    # The default window (5 s) ends before the attempts do: MLflow opens in the background, then
+    # fails; what was logged for it is spooled and counted.
+    monkeypatch.delenv("OTEL_TRACKING_START_TIMEOUT")
+    tracking = Tracking("unreachable", "late", default_backend=["mlflow", "file"])
+    assert tracking.where()["mlflow"] == "opening in the otel-tracking bridge process"
+    tracking.log({"loss": 1.0}, step=1)
+    stats = tracking.finish()
+    assert stats["mlflow"] == {"delivered": 0, "failed": 0, "retried": 0, "spooled": 1, "dropped": 0}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(w.startswith("otel-tracking: mlflow still opening after 5 s") for w in warnings), warnings
+    assert any(w.startswith("otel-tracking: mlflow did not open") and "not reachable" in w for w in warnings)
 
 
 def test_retry_sleep_between_attempts(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,19 +22,15 @@ from otel_tracking import Tracking
 from otel_tracking.settings import ConfigError
 from tests import readers_mlflow as mlflow_reader
 from tests.otlp_receiver import wait_for
+from tests.servers import live_children, process_gone
 from tests.test_backend_tensorboard import read_events
 
 
-def _process_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # a zombie still answers kill(0): look at its state
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return True
+@pytest.fixture(autouse=True)
+def _trackers_open_within_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tracking() returns once the trackers opened (a new sqlite store takes seconds): these tests
+    # are about trackers that are open; the start window has tests of its own (test_start_window.py).
+    monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", "120")
 
 
 def _mlflow_env(tmp_path: Path) -> dict[str, str]:
@@ -140,7 +136,7 @@ def test_training_process_killed_the_bridges_still_deliver_and_end_the_run(tmp_p
     time.sleep(0.5)  # the link thread hands the last steps over (a pipe write, microseconds)
     process.kill()
     process.wait()
-    wait_for(lambda: _process_gone(child), timeout_s=120, what="the bridge process to finish on its own")
+    wait_for(lambda: process_gone(child), timeout_s=120, what="the bridge process to finish on its own")
 
     client, run = _run_of(tmp_path, "proj")
     assert run.info.status == "FAILED"
@@ -206,29 +202,15 @@ def test_a_bridge_that_cannot_start_fails_tracking_and_leaves_no_process(
     blocker = isolated / "not-a-directory"
     blocker.write_text("")
     monkeypatch.setenv("TENSORBOARD_DIR", str(blocker / "tb"))
-    before = _children()
+    before = live_children()
     with pytest.raises(ConfigError, match="backend 'tensorboard' cannot write where it should"):
         Tracking("proj", "exp", default_backend=["file", "tensorboard"])
-    wait_for(lambda: _children() <= before, timeout_s=30, what="the bridge process to exit")
+    wait_for(lambda: live_children() <= before, timeout_s=30, what="the bridge process to exit")
 
     # the same error as with the bridges in this process
     monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", "false")
     with pytest.raises(ConfigError, match="backend 'tensorboard' cannot write where it should"):
         Tracking("proj", "exp", default_backend=["file", "tensorboard"])
-
-
-def _children() -> set[int]:
-    """Live (non-zombie) child processes of this one."""
-    me = os.getpid()
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().split(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == me and fields[0] != "Z":
-            found.add(int(stat.parent.name))
-    return found
 
 
 def test_sigterm_finishes_the_bridges_with_the_exit_code(tmp_path: Path) -> None:

@@ -5,12 +5,17 @@ from __future__ import annotations
 import stat
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.resources import Resource
 
 from otel_tracking import Tracking, trace_state
+from otel_tracking.delivery import Policy, Spool, Worker, read_spool
+from otel_tracking.steps import StepBatch
 from tests.conftest import free_port
 from tests.otlp_receiver import HttpReceiver, wait_for
 
@@ -193,6 +198,8 @@ def test_a_batch_in_flight_at_the_finish_deadline_is_spooled_and_counted(
 
     _, records = read_spool(next((isolated / "spool").rglob("otlp-traces.jsonl")))
     assert sum(len(payload) for _, payload in records) == handed  # each span once (batches may merge them)
+
+
 class _Recorder:
     """A sink's guarded export call that records the size of every export."""
 
@@ -239,3 +246,88 @@ def test_without_export_interval_each_span_leaves_at_once() -> None:
         wait_for(lambda n=n: len(recorder.exports) == n, what=f"span {n} exported on its own")
     worker.stop(10.0)
     assert recorder.exports == [1, 1, 1]
+
+
+# --- a worker held while its backend opens ----------------------------------------------------------
+
+
+def _step(step: int) -> StepBatch:
+    return StepBatch(Resource({}), step, {"x": float(step)}, {}, time.time_ns())
+
+
+def test_a_held_worker_delivers_what_waited_for_it_in_order_once_released() -> None:
+    delivered: list[int] = []
+    done: list[int] = []
+    worker = Worker(
+        "w",
+        lambda kind, batch: delivered.append(batch.step) or True,
+        lambda f, n: None,
+        None,
+        done=done.append,
+        held=True,
+    )
+    for step in range(10):
+        worker.submit("metrics", _step(step), token=step)
+    assert not worker.flush(0.2) and delivered == [] and done == []  # held: nothing taken, nothing acknowledged
+    assert worker.release()
+    assert worker.flush(10)
+    assert delivered == list(range(10)) and done == list(range(10))
+    assert not worker.give_up()  # it opened: giving up now changes nothing
+    worker.submit("metrics", _step(10), token=10)
+    worker.stop(10)
+    assert delivered == list(range(11))
+
+
+def test_a_held_worker_spools_overflow_at_once_and_everything_once_given_up(tmp_path: Path) -> None:
+    """A queue full while the backend opens spools (and acknowledges) at once, as always; giving
+    up spools what waited and everything after; each item is acknowledged once, when on disk."""
+    counts: Counter[str] = Counter()
+    done: list[int] = []
+    spool = Spool(tmp_path / "w.jsonl", {"sink": "w"})
+    worker = Worker(
+        "w",
+        lambda kind, batch: True,
+        lambda field, n: counts.update({field: n}),
+        spool,
+        Policy(queue_size=5),
+        done=done.append,
+        held=True,
+    )
+    for step in range(8):
+        worker.submit("metrics", _step(step), token=step)
+    assert done == [5, 6, 7] and counts == {"spooled": 3}  # the overflow, at once
+    assert worker.give_up()
+    assert not worker.release()  # given up first: it stays given up
+    worker.submit("metrics", _step(8), token=8)
+    assert worker.flush(10)
+    worker.stop(10)
+    assert sorted(done) == list(range(9)) and counts == {"spooled": 9}
+    _, items = read_spool(tmp_path / "w.jsonl")
+    steps = [
+        metric.data.data_points[0].value
+        for kind, data in items
+        for metric in data.resource_metrics[0].scope_metrics[0].metrics
+        if metric.name == "train.step"
+    ]
+    assert sorted(steps) == list(range(9))
+
+
+def test_a_worker_still_held_at_stop_waits_until_the_deadline_then_spools(tmp_path: Path) -> None:
+    counts: Counter[str] = Counter()
+    done: list[int] = []
+    worker = Worker(
+        "w",
+        lambda kind, batch: True,
+        lambda f, n: counts.update({f: n}),
+        Spool(tmp_path / "w.jsonl", {}),
+        done=done.append,
+        held=True,
+    )
+    for step in range(3):
+        worker.submit("metrics", _step(step), token=step)
+    stopping = threading.Thread(target=worker.stop, args=(0.2,), daemon=True)
+    stopping.start()
+    stopping.join(30)  # (waiting for an open that never comes would hang here)
+    assert not stopping.is_alive()
+    assert counts == {"spooled": 3} and sorted(done) == [0, 1, 2]
+    assert not worker.release()  # an open that comes after stop() delivers nothing

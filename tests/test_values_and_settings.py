@@ -122,6 +122,8 @@ def test_secret_keys() -> None:
         ("OTEL_SDK_DISABLED", "maybe", "OTEL_SDK_DISABLED='maybe' is not a boolean"),
         ("OTEL_METRICS_EXPORTER", "none,otlp", "'none' cannot be combined"),
         ("OTEL_TRACES_EXPORTER", "zipkin_json_nope", "neither one of our backends"),
+        ("OTEL_TRACKING_START_TIMEOUT", "soon", "OTEL_TRACKING_START_TIMEOUT='soon' is not a number"),
+        ("OTEL_TRACKING_START_TIMEOUT", "-1", "OTEL_TRACKING_START_TIMEOUT='-1' must be at least 0"),
     ],
 )
 def test_bad_configuration_is_one_clear_error_at_construction(monkeypatch, variable, value, message) -> None:
