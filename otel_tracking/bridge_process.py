@@ -225,6 +225,8 @@ class BridgeProcess:
         try:
             self._queue.put_nowait(message)
         except queue.Full:
+            with self._lock:  # the bridges after this one get messages of their own (spooled too)
+                message.sealed = True
             self._set_aside(message)
 
     # --- the link thread -------------------------------------------------------------------------

@@ -87,13 +87,13 @@ class Tracking:
             built.extend(step_sinks)
             built.extend(periodic)
             otlp = build_otlp_sinks(settings)
-        except BaseException:
+            sinks = [s for s in built if s not in periodic]
+            self._run = Run(settings, sinks, otlp_sinks=otlp, periodic_sinks=periodic)
+        except BaseException:  # nothing half-built stays behind: no sink open, no bridge process
             for sink in [*built, *(s for s in remote.values() if s not in built)]:
                 sink.finish(1)
             raise
-        sinks = [s for s in built if s not in periodic]
         self.logger: dict[str, Sink] = {sink.name: sink for sink in built}
-        self._run = Run(settings, sinks, otlp_sinks=otlp, periodic_sinks=periodic)
         if insight:
             RLInsightLogger.attach(self._run, config)
 

@@ -236,3 +236,60 @@ def test_sigterm_finishes_the_bridges_with_the_exit_code(tmp_path: Path) -> None
     client, run = _run_of(tmp_path, "proj")
     assert run.info.status == "FAILED"
     assert mlflow_reader.metric_triples(client, run.info.run_id) == [("loss", s, _loss(s)) for s in range(15)]
+
+
+FULL_LINK = textwrap.dedent(
+    """
+    import json, os, signal
+    from otel_tracking import Tracking
+
+    t = Tracking("proj", "full", default_backend=["mlflow", "tensorboard"])
+    child = t.logger["mlflow"].link.process.pid
+    os.kill(child, signal.SIGSTOP)  # the child stops reading: the pipe, then the link's queue, fill up
+    for step in range(60):
+        t.log({f"m{i}": step + i / 1000 for i in range(200)}, step)
+    os.kill(child, signal.SIGCONT)
+    print(json.dumps(t.finish()))
+    """
+)
+
+
+def test_a_full_link_spools_a_log_call_for_every_bridge_it_was_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One log() call goes to the child once for all its bridges; when the link's queue is full,
+    it is spooled for each of them (it used to be spooled for the first bridge only)."""
+    env = {**_mlflow_env(tmp_path), "TENSORBOARD_DIR": str(tmp_path / "tb"), "OTEL_TRACKING_QUEUE_SIZE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_LINK], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    assert stats["mlflow"]["spooled"] > 0 and stats["tensorboard"]["spooled"] > 0
+    for name in ("mlflow", "tensorboard"):  # every call accounted for, for each bridge
+        assert stats[name]["delivered"] + stats[name]["spooled"] == 60 and stats[name]["dropped"] == 0, stats
+    for key in ("MLFLOW_TRACKING_URI", "TENSORBOARD_DIR"):
+        monkeypatch.setenv(key, env[key])  # replay writes where the run did
+    _replay(tmp_path / "spool")
+    client, run = _run_of(tmp_path, "proj")
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "m7")) == list(range(60))
+    scalars, _, _ = read_events(tmp_path / "tb")
+    assert sorted(step for step, _ in scalars["m7"]) == list(range(60))
+
+
+def test_a_failure_after_the_bridges_started_leaves_no_process(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anything that fails in Tracking() after the bridge process started (here the run's own
+    construction, an injected fault) takes the bridge process down with it."""
+    from otel_tracking import facade
+
+    def broken_run(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(isolated / "tb"))
+    monkeypatch.setattr(facade, "Run", broken_run)
+    before = live_children()
+    with pytest.raises(RuntimeError, match="injected"):
+        Tracking("proj", "exp", default_backend=["file", "tensorboard"])
+    wait_for(lambda: live_children() <= before, timeout_s=30, what="the bridge process to exit")
