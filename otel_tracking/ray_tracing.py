@@ -90,8 +90,8 @@ def _wrap(func: Callable[..., Any], method: bool) -> Callable[..., Any]:
                 return func(*args, **kwargs)
 
     functools.update_wrapper(wrapper, func)
-    del wrapper.__wrapped__  # type: ignore[attr-defined]  # Ray reads the signature after inspect.unwrap
-    wrapper.__signature__ = _with_carrier(signature)  # type: ignore[attr-defined]
+    del wrapper.__wrapped__  # type: ignore[union-attr]  # Ray reads the signature after inspect.unwrap
+    wrapper.__signature__ = _with_carrier(signature)  # type: ignore[union-attr]
     return wrapper
 
 

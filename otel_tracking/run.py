@@ -429,8 +429,8 @@ def _end_after_sigterm() -> None:
 
 def _finish_all(exit_code: int) -> None:
     with _active_lock:
-        runs = [ref() for ref in _active_runs]
-    for run in runs:
-        if run is not None and not run.finished and run.pid == os.getpid():
+        runs = list(_active_runs)
+    for run in reversed(runs):
+        if not run.finished and run.pid == os.getpid():
             run.settings = dataclasses.replace(run.settings, finish_timeout_s=min(1.0, run.settings.finish_timeout_s))
             run.finish(exit_code)

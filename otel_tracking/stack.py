@@ -393,7 +393,21 @@ def _wait_healthy(name: str, url: str, proc: subprocess.Popen[bytes], timeout: f
     raise StackError(f"{name} not healthy at {url} after {timeout:.0f} s ({last}):\n{_log_tail(log_path)}")
 
 
-class Stack:
+class _OtlpReceiver:
+    """The OTLP endpoints of a collector (the stack's, or a node agent's) for clients on this host."""
+
+    ports: Any  # Ports or AgentPorts: both have otlp_http and otlp_grpc
+
+    @property
+    def otlp_http_endpoint(self) -> str:
+        return f"http://{HOST}:{self.ports.otlp_http}"
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        return f"http://{HOST}:{self.ports.otlp_grpc}"
+
+
+class Stack(_OtlpReceiver):
     """The three programs, started as subprocesses with logs and pid files in ``workdir``.
 
     >>> with Stack(tmp_path, Ports.free()) as stack:
@@ -435,14 +449,6 @@ class Stack:
         self._started_binaries: dict[str, Path] = {}
 
     # ---------------------------------------------------------------- endpoints
-
-    @property
-    def otlp_http_endpoint(self) -> str:
-        return f"http://{HOST}:{self.ports.otlp_http}"
-
-    @property
-    def otlp_grpc_endpoint(self) -> str:
-        return f"http://{HOST}:{self.ports.otlp_grpc}"
 
     @property
     def gateway_endpoint(self) -> str:
@@ -702,7 +708,7 @@ class Stack:
 # --------------------------------------------------------------------------- node agent
 
 
-class Agent:
+class Agent(_OtlpReceiver):
     """A node agent: ``otelcol --config deploy/collector/agent.yaml``, forwarding everything it
     receives to a gateway (``Stack``'s collector, or any OTLP/gRPC endpoint) through a retrying,
     bounded in-memory queue. Log and pid file in ``workdir`` (``logs/agent.log``, ``pids/agent.pid``).
@@ -739,14 +745,6 @@ class Agent:
         self.log_path = self.workdir / "logs" / f"{self.name}.log"
         self.pid_path = self.workdir / "pids" / f"{self.name}.pid"
         self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def otlp_http_endpoint(self) -> str:
-        return f"http://{HOST}:{self.ports.otlp_http}"
-
-    @property
-    def otlp_grpc_endpoint(self) -> str:
-        return f"http://{HOST}:{self.ports.otlp_grpc}"
 
     @property
     def health_url(self) -> str:

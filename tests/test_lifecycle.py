@@ -176,6 +176,7 @@ BLOCKED = textwrap.dedent(
 
     native = ctypes.CDLL(sys.argv[1])
     t = Tracking("proj", "exp", default_backend="file")
+    t.logger["file"]._on_finish = lambda code: print(f"run finished with {code}", flush=True)
     for step in range(3):
         t.log({"loss": 1.0 / (step + 1)}, step)
     print("blocking", flush=True)
@@ -203,4 +204,5 @@ def test_sigterm_ends_a_process_blocked_in_native_code(tmp_path: Path) -> None:
         process.kill()
         raise AssertionError("SIGTERM did not end a process blocked in native code") from None
     assert process.returncode == 128 + signal.SIGTERM
+    assert "run finished with 143" in process.stdout.read()  # finished (briefly) before the exit
     assert file_steps(tmp_path / "proj" / "exp.jsonl") == [0, 1, 2]
