@@ -35,6 +35,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking import settings
+from otel_tracking.redact import scrub_text
 from otel_tracking.spans import STEP_ATTRIBUTE, STEP_SPAN_NAME
 from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC, StepRecord
 from otel_tracking.values import decode_others
@@ -261,7 +262,14 @@ class _UsesSession:
     def _guarded(self, what: str, write: Callable[[], bool]) -> bool:
         try:
             return write()
-        except Exception:
+        except Exception as error:
+            # The first failure says why, once per exporter (in the bridge process too: its stderr
+            # is the training process's); later ones are counted by the sink and logged at DEBUG.
+            first = not getattr(self, "_said_why", False)
+            self._said_why = True
+            message = scrub_text(f"{type(error).__name__}: {error}")
+            if first:
+                logger.warning("otel-tracking: %s: %s export failed: %s", type(self).__name__, what, message)
             logger.debug("%s: %s export failed", type(self).__name__, what, exc_info=True)
             return False
 

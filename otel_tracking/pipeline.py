@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking.delivery import Policy, Spool, Worker, item_count
+from otel_tracking.redact import scrub_text
 from otel_tracking.steps import StepBatch, materialize
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ class Sink:
             first = not self._warned
             self._warned = True
         message = "otel-tracking: sink %r failed to export %s%s"
-        detail = f": {type(error).__name__}: {error}" if error else ""
+        detail = scrub_text(f": {type(error).__name__}: {error}") if error else ""
         if first:
             logger.warning(
                 message + " (further failures are counted and reported at finish())", self.name, what, detail

@@ -52,3 +52,11 @@ def redact_header_values(names: Iterable[str]) -> str:
     if not names:
         return ""
     return " headers: " + ", ".join(f"{name}={REDACTED}" for name in names)
+
+
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@]+@")
+
+
+def scrub_text(text: str) -> str:
+    """A message safe to print: credentials in URLs (``scheme://user:password@host``) removed."""
+    return _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)

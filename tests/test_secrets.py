@@ -105,3 +105,35 @@ def test_a_planted_secret_appears_nowhere(
     assert run.data.params["api_key"] == "<redacted>"
     assert run.data.params["data/tokenizer"] == "gpt2"
     assert run.data.params["data/max_prompt_tokens"] == "512"
+
+
+def test_the_first_export_failure_says_why_once_without_credentials(caplog: pytest.LogCaptureFixture) -> None:
+    """A tracker's export that raises: the first failure's reason is a warning (in the bridge
+    process too, whose stderr is the training process's), with credentials in URLs scrubbed."""
+    import logging
+
+    from otel_tracking.exporters._base import BridgeMetricExporter, BridgeSession, StepRecord
+
+    class Refusing(BridgeSession):
+        @classmethod
+        def open(cls, context: object) -> BridgeSession:
+            return cls()
+
+        def write_step(self, record: StepRecord) -> bool:
+            raise ConnectionError("POST https://alice:s3cret-pw@tracker.example/api refused")
+
+        def write_timing(self, step: int, key: str, seconds: float) -> bool:
+            return True
+
+        def finish(self, exit_code: int = 0) -> None:
+            return None
+
+    exporter = BridgeMetricExporter(Refusing())
+    record = StepRecord(step=1, scalars={"loss": 1.0})
+    with caplog.at_level(logging.WARNING, logger="otel_tracking"):
+        for _ in range(3):
+            assert exporter.export_records([record]).name == "FAILURE"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "ConnectionError: POST https://<redacted>@tracker.example/api refused" in warnings[0]
+    assert "s3cret" not in caplog.text and "alice" not in caplog.text
