@@ -113,7 +113,9 @@ def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
         "resume": sink.resume,
         "pid": pid,
     }
-    return Spool(settings.spool_dir / f"{sink.name}.jsonl", header)
+    # Ranks of one job share a run id, and each has its own tracker runs: a file (and a header) each.
+    name = sink.name if settings.rank is None else f"{sink.name}.rank{settings.rank}"
+    return Spool(settings.spool_dir / f"{name}.jsonl", header)
 
 
 class Run:

@@ -93,3 +93,21 @@ def test_a_path_that_does_not_exist_is_an_error(isolated: Path) -> None:
         done = _replay(receiver, isolated / "nope")
     assert done.returncode == 2
     assert "no such file or directory" in done.stderr
+
+
+def test_ranks_sharing_a_run_id_spool_to_files_of_their_own(isolated: Path, monkeypatch: object) -> None:
+    """Two ranks of one job (one run id, each with its own tracker runs) never share a spool file,
+    so each file's header names the right run to replay into."""
+    from otel_tracking.pipeline import Sink
+    from otel_tracking.run import sink_spool
+    from otel_tracking.settings import build_settings
+
+    paths = []
+    for rank in ("0", "1"):
+        env = {"OTEL_TRACKING_RUN_ID": "job-7", "RANK": rank, "OTEL_TRACKING_SPOOL_DIR": str(isolated)}
+        settings = build_settings("proj", "exp", (), env=env)
+        spool = sink_spool(Sink("mlflow", resume={"run_id": f"mlflow-run-of-rank-{rank}"}), settings, pid=1)
+        assert spool is not None
+        paths.append(spool.path)
+        assert spool.header["resume"] == {"run_id": f"mlflow-run-of-rank-{rank}"}
+    assert paths[0] != paths[1] and paths[0].parent == paths[1].parent
