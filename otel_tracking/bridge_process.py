@@ -103,9 +103,11 @@ class BridgeProcess:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=settings.delivery.queue_size)
         self._lock = threading.Lock()  # guards the open message (the training thread takes it: keep it short)
         self._ack_lock = threading.Lock()  # guards what is unacknowledged, and _dead
+        self._gone_lock = threading.Lock()  # held while a dead child's unacknowledged items are spooled
         self._send_lock = threading.Lock()  # one writer on the pipe (it may block: never under _lock)
         self._last: _Message | None = None
         self._seq = 0
+        self._requests = 0  # flush() requests sent, to match each answer to its own
         self._unacked: dict[int, tuple[_Message, set[str]]] = {}  # sent, not yet done for these sinks
         self._replies: queue.Queue[Any] = queue.Queue()
         self._dead = False
@@ -225,8 +227,6 @@ class BridgeProcess:
         try:
             self._queue.put_nowait(message)
         except queue.Full:
-            with self._lock:  # the bridges after this one get messages of their own (spooled too)
-                message.sealed = True
             self._set_aside(message)
 
     # --- the link thread -------------------------------------------------------------------------
@@ -261,7 +261,10 @@ class BridgeProcess:
                 self._queue.task_done()
 
     def _set_aside(self, message: _Message, names: Sequence[str] | None = None) -> None:
-        for name in message.names if names is None else names:
+        with self._lock:  # sealed first: the bridges after these get messages of their own
+            message.sealed = True
+            names = list(message.names if names is None else names)
+        for name in names:
             self.sinks[name].spool_item(message.kind, message.payload)
 
     # --- the reader thread: acknowledgements and replies -----------------------------------------
@@ -312,28 +315,36 @@ class BridgeProcess:
             sink.failed_late(f"{outcome[2]}: {outcome[3]}")
 
     def _child_gone(self, warn: bool = True) -> None:
-        """The child died: spool everything it had not acknowledged, once."""
-        with self._ack_lock:
-            if self._dead:
-                return
-            self._dead = True
-            pending = list(self._unacked.values())
-            self._unacked.clear()
-        if not warn:
-            return
-        logger.warning(
-            "otel-tracking: the bridge process is gone (exit code %s); %d item(s) it had not delivered, and "
-            "everything after, are spooled for `otel-tracking replay`",
-            self.process.poll(),
-            len(pending),
-        )
-        for message, names in pending:
-            self._set_aside(message, sorted(names))
+        """The child died: spool everything it had not acknowledged, once.  Whichever thread sees it
+        first (reader, link, or finish()) spools; the others wait until it has, so that finish()
+        never returns, and the process never exits, with items still being written."""
+        with self._gone_lock:
+            with self._ack_lock:
+                if self._dead:
+                    return
+                self._dead = True
+                pending = list(self._unacked.values())
+                self._unacked.clear()
+            if warn:
+                logger.warning(
+                    "otel-tracking: the bridge process is gone (exit code %s); %d item(s) it had not delivered, "
+                    "and everything after, are spooled for `otel-tracking replay`",
+                    self.process.poll(),
+                    len(pending),
+                )
+            for message, names in pending:
+                self._set_aside(message, sorted(names))
 
-    def _send(self, message: Any) -> None:
+    def _send(self, message: Any, timeout_s: float = -1) -> None:
+        """One message on the pipe; with ``timeout_s``, a link thread stuck writing to a child that
+        does not read (and holding the pipe) makes this raise TimeoutError instead of waiting."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        with self._send_lock:
+        if not self._send_lock.acquire(timeout=timeout_s):
+            raise TimeoutError("the bridge process is not reading its pipe")
+        try:
             self._to_child.send_bytes(data)
+        finally:
+            self._send_lock.release()
 
     def _read(self) -> Any:
         """The child's next message; None once it is gone."""
@@ -342,27 +353,32 @@ class BridgeProcess:
         except (OSError, EOFError):
             return None
 
-    def _receive(self, expected: str, timeout_s: float) -> Any:
-        """The child's reply of the ``expected`` kind (the reader thread passes replies on; one to an
-        earlier request that timed out is skipped); None when the child is gone or late."""
+    def _receive(self, expected: str, timeout_s: float, request: int | None = None) -> Any:
+        """The child's reply of the ``expected`` kind, to ``request`` when the reply carries one (the
+        reader thread passes replies on; one to an earlier request that timed out is skipped); None
+        when the child is gone or late."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return None
-            if reply is None or reply[0] == expected:
+            if reply is None:
+                return None
+            if reply[0] == expected and (request is None or reply[-1] == request):
                 return reply
 
-    def _request(self, message: Any, expected: str, timeout_s: float) -> Any:
+    def _request(self, message: Any, expected: str, timeout_s: float, request: int | None = None) -> Any:
         if self._dead:
             return None
         try:
-            self._send(message)
+            self._send(message, timeout_s)
+        except TimeoutError:
+            return None  # the caller stops the child (it does not read)
         except (OSError, EOFError):
             self._child_gone()
             return None
-        return self._receive(expected, timeout_s)
+        return self._receive(expected, timeout_s, request)
 
     # --- the end ---------------------------------------------------------------------------------
 
@@ -370,7 +386,10 @@ class BridgeProcess:
         deadline = time.monotonic() + timeout_s
         if not wait_handled(self._queue, timeout_s):
             return False
-        reply = self._request(("flush", max(0.0, deadline - time.monotonic())), "flushed", timeout_s + _GRACE_S)
+        self._requests += 1  # numbered: a late answer to an earlier flush() never answers this one
+        request = self._requests
+        message = ("flush", max(0.0, deadline - time.monotonic()), request)
+        reply = self._request(message, "flushed", timeout_s + _GRACE_S, request)
         return bool(reply and reply[1])
 
     def finish(self, exit_code: int, timeout_s: float) -> None:
@@ -380,7 +399,7 @@ class BridgeProcess:
         self._finished = True
         deadline = time.monotonic() + timeout_s
         wait_handled(self._queue, timeout_s)
-        self._queue.put(_STOP)  # past the deadline, what is still queued is spooled below
+        self._stop_link()  # past the deadline, what is still queued is spooled below
         if self._thread is not None:
             self._thread.join(max(0.1, deadline - time.monotonic()))
         while True:
@@ -408,6 +427,22 @@ class BridgeProcess:
         if self._reader is not None:  # it sees the pipe close and spools what was unacknowledged
             self._reader.join(_GRACE_S)
         self._child_gone()  # (if it could not)
+
+    def _stop_link(self) -> None:
+        """Tell the link thread to end without ever blocking: a link stuck writing to a child that
+        does not read leaves the queue full, and what is in it goes to the spool instead."""
+        while True:
+            try:
+                self._queue.put_nowait(_STOP)
+                return
+            except queue.Full:
+                try:
+                    message = self._queue.get_nowait()
+                except queue.Empty:
+                    continue
+                if message is not _STOP:
+                    self._set_aside(message)
+                self._queue.task_done()
 
     def child_stats(self, name: str) -> dict[str, int]:
         return self._stats.get(name, {})
@@ -657,7 +692,7 @@ def _feed(
                 worker.submit(kind, payload, token=(seq, name))
         elif kind == "flush":
             deadline = time.monotonic() + message[1]
-            replies.send(("flushed", flush_sinks(list(sinks.values()), deadline)))
+            replies.send(("flushed", flush_sinks(list(sinks.values()), deadline), message[2]))
         elif kind == "finish":
             return message[1], message[2]
 

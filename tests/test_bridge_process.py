@@ -293,3 +293,49 @@ def test_a_failure_after_the_bridges_started_leaves_no_process(
     with pytest.raises(RuntimeError, match="injected"):
         Tracking("proj", "exp", default_backend=["file", "tensorboard"])
     wait_for(lambda: live_children() <= before, timeout_s=30, what="the bridge process to exit")
+
+
+HUNG_CHILD = textwrap.dedent(
+    """
+    import json, os, signal
+    from otel_tracking import Tracking
+
+    t = Tracking("proj", "hung", default_backend=["mlflow", "tensorboard"])
+    child = t.logger["mlflow"].link.process.pid
+    print("child", child, flush=True)
+    os.kill(child, signal.SIGSTOP)  # hung: it reads nothing, answers nothing
+    for step in range(60):
+        t.log({f"m{i}": step + i / 1000 for i in range(200)}, step)
+    print(json.dumps(t.finish()), flush=True)
+    """
+)
+
+
+def test_finish_returns_in_bounded_time_when_the_bridge_process_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link stuck writing to a child that reads nothing, its queue full: finish() neither
+    blocks on the queue nor on the pipe; it spools what the child did not take, stops the child,
+    and replay delivers every step."""
+    env = {
+        **_mlflow_env(tmp_path),
+        "TENSORBOARD_DIR": str(tmp_path / "tb"),
+        "OTEL_TRACKING_QUEUE_SIZE": "1",
+        "OTEL_TRACKING_FINISH_TIMEOUT": "1",
+    }
+    done = subprocess.run(  # a hang fails at the cap
+        [sys.executable, "-c", HUNG_CHILD], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    child = next(int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("child "))
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("mlflow", "tensorboard"):
+        assert stats[name]["spooled"] == 60 and stats[name]["dropped"] == 0, stats
+    wait_for(lambda: process_gone(child), timeout_s=30, what="the hung bridge process stopped")
+    for key in ("MLFLOW_TRACKING_URI", "TENSORBOARD_DIR"):
+        monkeypatch.setenv(key, env[key])
+    _replay(tmp_path / "spool")
+    client, run = _run_of(tmp_path, "proj")
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "m7")) == list(range(60))
+    scalars, _, _ = read_events(tmp_path / "tb")
+    assert sorted(step for step, _ in scalars["m7"]) == list(range(60))

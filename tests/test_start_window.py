@@ -391,6 +391,10 @@ ORPHANED = textwrap.dedent(
     t = Tracking("proj", "exp", default_backend=["file", "mlflow"])
     for step in range(20):
         t.log({"loss": 1.0 / (step + 1)}, step)
+    # handed to the pipe before the kill (under load the link thread lags; what it still held would
+    # die with this process, as it must: this test is about what the bridge process was handed)
+    from otel_tracking.delivery import wait_handled
+    assert wait_handled(t.logger["mlflow"].link._queue, 60)
     holder = os.fork()  # like a data loader worker: it holds the pipe to the bridge process open
     if holder == 0:
         time.sleep(600)
