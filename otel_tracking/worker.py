@@ -42,7 +42,6 @@ from otel_tracking.settings import Settings, build_worker_settings
 _lock = threading.Lock()
 _defaults: dict[str, Any] = {}  # role / rank given by configure_worker (or a Ray actor's class name)
 _disabled_pid: int | None = None  # OTEL_SDK_DISABLED in this process: no worker run, no retries
-_run: Run | None = None  # the worker run (runs are otherwise only weakly referenced: Tracking holds its own)
 
 
 def configure_worker(*, role: str | None = None, rank: int | None = None) -> None:
@@ -62,8 +61,9 @@ def default_role(role: str) -> None:
 def worker_settings(
     ctx: Context | None = None, project: str | None = None, experiment: str | None = None, force_otlp: bool = False
 ) -> Settings:
-    """The settings of this process's worker run: identity from ``ctx``'s baggage or the environment;
-    spooled data under a directory of its own (many workers share one run id)."""
+    """The settings of this process's worker run: identity from ``ctx``'s baggage, else the run a
+    forked child inherited, else the environment; spooled data under a directory of its own (many
+    workers share one run id)."""
     identity = identity_from(ctx) or inherited_identity()
     settings = build_worker_settings(identity, project, experiment, force_otlp=force_otlp)
     role = _defaults.get("role") or settings.role or _defaults.get("fallback_role")
@@ -92,7 +92,7 @@ def _app_has_provider() -> bool:
 
 
 def _build(ctx: Context | None) -> Run | None:
-    global _disabled_pid, _run
+    global _disabled_pid
     from otel_tracking.registry import build_env_sinks, build_otlp_sinks
 
     settings = worker_settings(ctx)
@@ -103,7 +103,7 @@ def _build(ctx: Context | None) -> Run | None:
     step_sinks, periodic = build_env_sinks(settings, None, taken=())
     if "traces" not in otlp and not any(sink.spans is not None for sink in step_sinks):
         otlp["traces"] = _spool_only_traces(settings)
-    run = _run = Run(settings, step_sinks, otlp_sinks=otlp, periodic_sinks=periodic, driver=False)
+    run = Run(settings, step_sinks, otlp_sinks=otlp, periodic_sinks=periodic, driver=False)
     # A multiprocessing child started by fork() ends with os._exit(): no exit hook runs there, but
     # multiprocessing's own finalizers do.
     multiprocessing.util.Finalize(None, _finish, args=(weakref.ref(run),), exitpriority=100)
