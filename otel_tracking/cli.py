@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -33,7 +33,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _stack(args: argparse.Namespace) -> int:
     from otel_tracking import stack
 
-    return stack.main([args.action, *args.rest])
+    return stack.main([args.action, *args.options])
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -42,33 +42,89 @@ def _replay(args: argparse.Namespace) -> int:
     return replay.main(args.paths)
 
 
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``, else a one-line usage error."""
+
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{raw} is below the minimum {minimum}")
+        return value
+
+    return parse
+
+
+def _backend_list(raw: str) -> str:
+    if not [name for name in raw.split(",") if name.strip()]:
+        raise argparse.ArgumentTypeError("name at least one backend, e.g. console,file")
+    return raw
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from otel_tracking import __version__
+
+    defaults = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="otel-tracking", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"otel-tracking {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (also OTEL_TRACKING_DEBUG=1)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run a simulated RL training run through the Tracking facade")
+    demo = commands.add_parser(
+        "demo", help="run a simulated RL training run through the Tracking facade", formatter_class=defaults
+    )
     demo.add_argument(
         "--backends",
+        type=_backend_list,
         default=os.environ.get("OTEL_TRACKING_DEMO_BACKENDS", "console,file,tensorboard"),
-        help="comma-separated backends (default: console,file,tensorboard)",
+        help="comma-separated backends (the default comes from OTEL_TRACKING_DEMO_BACKENDS when set)",
     )
-    demo.add_argument("--steps", type=int, default=20)
-    demo.add_argument("--val-every", type=int, default=10)
-    demo.add_argument("--lanes", type=int, default=4, help="simulated rollout workers (span lanes)")
+    demo.add_argument("--steps", type=_count(1), default=20, help="training steps")
+    demo.add_argument("--val-every", type=_count(0), default=10, help="a validation step every N steps (0: none)")
+    demo.add_argument("--lanes", type=_count(1), default=4, help="simulated rollout workers (span lanes)")
     demo.add_argument("--out", default="otel-tracking-demo", help="directory for the local sinks' files")
     demo.set_defaults(func=_demo)
 
-    stack = commands.add_parser("stack", help="run a local collector, Jaeger and Prometheus (up|down|status|build)")
+    stack = commands.add_parser(
+        "stack",
+        help="run a local collector, Jaeger and Prometheus (up|down|status|build)",
+        epilog="options: up [--free-ports] [--gateway] [--timeout S] [--state-dir DIR]; "
+        "down|status [--state-dir DIR] (status exits 3 when a program is not healthy); build. "
+        "`otel-tracking stack up --help` says more.",
+    )
     stack.add_argument("action", choices=["up", "down", "status", "build"])
-    stack.add_argument("rest", nargs=argparse.REMAINDER)
+    stack.add_argument("options", nargs=argparse.REMAINDER, help="the action's options (see below)")
     stack.set_defaults(func=_stack)
 
-    replay = commands.add_parser("replay", help="deliver spooled data (what a sink could not take) into its sink")
+    replay = commands.add_parser(
+        "replay", help="deliver spooled data (what a sink could not take) into its sink", formatter_class=defaults
+    )
     replay.add_argument("paths", nargs="*", help="spool files or directories (default: the whole spool)")
     replay.set_defaults(func=_replay)
 
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except Exception as error:
+        if args.debug or os.environ.get("OTEL_TRACKING_DEBUG") == "1":
+            raise
+        print(f"otel-tracking: error: {error}" if _expected(error) else _unexpected(error), file=sys.stderr)
+        return 1
+
+
+def _expected(error: Exception) -> bool:
+    """Errors whose message is the whole story (configuration, a missing package, the stack)."""
+    from otel_tracking.settings import ConfigError
+
+    return isinstance(error, (ConfigError, FileNotFoundError)) or type(error).__name__ == "StackError"
+
+
+def _unexpected(error: Exception) -> str:
+    return f"otel-tracking: error: {type(error).__name__}: {error} (run with --debug for the traceback)"
 
 
 if __name__ == "__main__":

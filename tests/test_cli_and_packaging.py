@@ -94,3 +94,45 @@ def test_the_lazy_module_lists_its_public_names() -> None:
     names, public = (set(line.split()) for line in out.stdout.splitlines())
     assert {"Tracking", "trace_state", "RLInsightLogger", "ValidationGenerationsLogger", "ConfigError"} <= names
     assert public <= names
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed ``otel-tracking`` command, as a user runs it."""
+    import os
+
+    command = Path(sys.executable).with_name("otel-tracking")
+    return subprocess.run(
+        [str(command), *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
+
+
+def test_cli_rejects_bad_demo_arguments_with_one_line(tmp_path: Path) -> None:
+    for args, message in [
+        (("--lanes", "0"), "argument --lanes: 0 is below the minimum 1"),
+        (("--steps", "-3"), "argument --steps: -3 is below the minimum 1"),
+        (("--val-every", "-1"), "argument --val-every: -1 is below the minimum 0"),
+        (("--backends", ""), "argument --backends: name at least one backend"),
+    ]:
+        done = _cli("demo", "--out", str(tmp_path), *args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        assert not (tmp_path / "otel-tracking-demo").exists()
+
+
+def test_cli_expected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+    bad = {"OTEL_TRACKING_QUEUE_SIZE": "lots"}
+    done = _cli("demo", "--steps", "1", "--out", str(tmp_path), env=bad)
+    assert done.returncode == 1
+    expected = "otel-tracking: error: OTEL_TRACKING_QUEUE_SIZE='lots' is not a number"
+    assert done.stderr.strip().splitlines()[-1] == expected
+    assert "Traceback" not in done.stderr
+    debug = _cli("--debug", "demo", "--steps", "1", "--out", str(tmp_path), env=bad)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+
+
+def test_cli_version_and_help_show_defaults() -> None:
+    from otel_tracking import __version__
+
+    assert _cli("--version").stdout.strip() == f"otel-tracking {__version__}"
+    help_text = _cli("demo", "--help").stdout
+    assert "(default: 20)" in help_text and "``" not in help_text
+    assert "--free-ports" in _cli("stack", "--help").stdout
