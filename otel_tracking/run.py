@@ -169,6 +169,12 @@ class Run:
         self.tracer_provider.add_span_processor(SinkSpanProcessor(self.all_sinks))
         self.logger_provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
         self.logger_provider.add_log_record_processor(SinkLogProcessor(self.all_sinks))
+        # OTEL_SDK_DISABLED turns off OTLP and the OTEL_*_EXPORTER sinks (settings.py decides); the
+        # backends named in default_backend still get spans and events, so these providers must
+        # not hand out no-op tracers and loggers as the SDK's would under that variable.
+        for provider in (self.tracer_provider, self.logger_provider):
+            if getattr(provider, "_disabled", False):
+                provider._disabled = False  # type: ignore[union-attr]
         self.tracer: Tracer = self.tracer_provider.get_tracer("otel_tracking", __version__)
         self.event_logger = self.logger_provider.get_logger("otel_tracking", __version__)
 

@@ -138,7 +138,7 @@ def build_settings(
     OTEL_<SIGNAL>_EXPORTER that are our backends join the run as extra sinks for that signal.
     """
     e = _env(env)
-    sdk_disabled = _bool(e, "OTEL_SDK_DISABLED")
+    sdk_disabled = e.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"  # the SDK's rule: only "true"
 
     protocol = e.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").strip() or "http/protobuf"
     if protocol not in ("grpc", "http/protobuf"):

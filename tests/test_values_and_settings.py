@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from fractions import Fraction
@@ -119,7 +120,6 @@ def test_secret_keys() -> None:
         ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "ftp://x", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT must be"),
         ("OTEL_EXPORTER_OTLP_HEADERS", "authorization", "OTEL_EXPORTER_OTLP_HEADERS has an entry without"),
         ("OTEL_RESOURCE_ATTRIBUTES", "=x", "OTEL_RESOURCE_ATTRIBUTES has an entry without"),
-        ("OTEL_SDK_DISABLED", "maybe", "OTEL_SDK_DISABLED='maybe' is not a boolean"),
         ("OTEL_METRICS_EXPORTER", "none,otlp", "'none' cannot be combined"),
         ("OTEL_TRACES_EXPORTER", "zipkin_json_nope", "neither one of our backends"),
         ("OTEL_TRACKING_START_TIMEOUT", "soon", "OTEL_TRACKING_START_TIMEOUT='soon' is not a number"),
@@ -165,13 +165,28 @@ def test_otlp_selection_rules() -> None:
 
 
 def test_sdk_disabled_keeps_the_named_backends(isolated, monkeypatch) -> None:
+    """OTEL_SDK_DISABLED=true turns off OTLP only: the named backends still get metrics, spans
+    and events (the SDK's own providers would hand out no-op tracers)."""
+    from otel_tracking import ValidationGenerationsLogger, trace_state
+
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     tracking = Tracking("proj", "exp", default_backend="file")
+    with trace_state("rollout"):
+        pass
+    ValidationGenerationsLogger().log(["file"], [["q", "a", 1.0]], 1)
     tracking.log({"x": 1}, 1)
     stats = tracking.finish()
     assert set(stats) == {"file"}
     assert (isolated / "proj" / "exp.jsonl").read_text() == '{"step":1,"data":{"x":1}}\n'
+    events = [json.loads(line) for line in (isolated / "proj" / "exp.events.jsonl").read_text().splitlines()]
+    names = sorted(e.get("name") or e.get("event_name") for e in events)
+    assert names == ["ml.step", "ml.validation.generations", "rollout"]
+
+
+def test_sdk_disabled_follows_the_sdk_rule_only_true_disables() -> None:
+    for raw, disabled in (("true", True), (" TRUE ", True), ("1", False), ("yes", False), ("maybe", False)):
+        assert build_settings("p", "e", (), env={"OTEL_SDK_DISABLED": raw}).sdk_disabled is disabled, raw
 
 
 def test_a_step_record_is_what_an_exporter_decodes_from_the_metrics_data() -> None:
