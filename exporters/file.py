@@ -71,6 +71,8 @@ class FileSink:
         data: dict[str, Any] = dict(record.scalars)
         if record.others:
             data.update(record.others)
+        if record.order:  # numbers and other values mixed: the line keeps the caller's key order
+            data = {key: data[key] for key in record.order if key in data}
         line = orjson.dumps({"step": record.step, "data": data}, option=_OPTIONS) + b"\n"
         with self._lock:
             self._open_metrics().write(line)

@@ -251,7 +251,8 @@ class Run:
         if targets:
             # One compact StepBatch for every sink: step exporters take its record directly, any
             # other metric exporter gets the MetricsData built from it (in its worker, if queued).
-            batch = StepBatch(self.resource, step, scalars, others, now)
+            order = tuple(data) if scalars and others else None  # the file sink writes the caller's order
+            batch = StepBatch(self.resource, step, scalars, others, now, order)
             for sink in targets:
                 sink.export_metrics(batch)
         if self._latest is not None:

@@ -87,6 +87,7 @@ class StepRecord:
     scalars: dict[str, int | float]
     others: dict[str, Any] = field(default_factory=dict)
     time_unix_nano: int = 0
+    order: tuple[str, ...] | None = None  # the caller's key order, when numbers and others were mixed
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,7 @@ class StepBatch:
     scalars: Mapping[str, int | float]
     others: Mapping[str, Any]
     time_ns: int
+    order: tuple[str, ...] | None = None  # the caller's key order, when numbers and others were mixed
 
     def metrics_data(self) -> MetricsData:
         return step_batch(self.resource, self.step, self.scalars, self.others, self.time_ns)
@@ -109,7 +111,7 @@ class StepBatch:
         """What a step exporter decodes from :meth:`metrics_data`, without building it (the other
         values take the same JSON round trip, so both paths write the same)."""
         others = decode_others(encode_others(self.others)) if self.others else {}
-        return StepRecord(self.step, dict(self.scalars), others, self.time_ns)
+        return StepRecord(self.step, dict(self.scalars), others, self.time_ns, self.order)
 
 
 def materialize(data: MetricsData | StepBatch) -> MetricsData:

@@ -49,3 +49,20 @@ def test_file_and_console_match_the_reference(
     assert our_console == ref_console
     assert any(line.startswith("Creating file logger at ") for line in ref_out)
     assert any(line.startswith("Creating file logger at ") for line in our_out)
+
+
+def test_mixed_values_keep_the_callers_key_order_as_the_reference(
+    seed, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Numbers and other values interleaved: the file line is the reference's, byte for byte."""
+    lines = {}
+    for name, factory in (("ref", seed.Tracking), ("ours", Tracking)):
+        monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path / name))
+        tracking = factory("proj", "exp", default_backend=["file"], config=None)
+        tracking.log(data={"note": "warmup", "loss": 0.5, "cfg": {"lr": 1e-6, "tags": ["a"]}, "acc": 0.9}, step=3)
+        tracking.log(data={"loss": 0.25, "acc": 1, "note": None}, step=4)
+        tracking.finish()
+        lines[name] = (tmp_path / name / "proj" / "exp.jsonl").read_text()
+    capsys.readouterr()
+    assert lines["ours"] == lines["ref"]
+    assert lines["ours"].startswith('{"step":3,"data":{"note":"warmup","loss":0.5,"cfg":')
