@@ -66,3 +66,23 @@ def test_mixed_values_keep_the_callers_key_order_as_the_reference(
     capsys.readouterr()
     assert lines["ours"] == lines["ref"]
     assert lines["ours"].startswith('{"step":3,"data":{"note":"warmup","loss":0.5,"cfg":')
+
+
+def test_a_one_element_array_is_not_a_gauge_as_in_the_reference(
+    seed, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's rule: ndim 0 with item() is a number; np.array([1.5]) is not (the reference's
+    console leaves it out, its file writes [1.5]): the same lines from both."""
+    import numpy as np
+
+    outputs = {}
+    for name, factory in (("ref", seed.Tracking), ("ours", Tracking)):
+        monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path / name))
+        capsys.readouterr()
+        tracking = factory("proj", "exp", default_backend=["file", "console"], config=None)
+        tracking.log(data={"one": np.array([1.5]), "x": 2.5}, step=1)
+        tracking.finish()
+        console = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step:")]
+        outputs[name] = ((tmp_path / name / "proj" / "exp.jsonl").read_text(), console)
+    assert outputs["ours"] == outputs["ref"]
+    assert outputs["ours"] == ('{"step":1,"data":{"one":[1.5],"x":2.5}}\n', ["step:1 - x:2.5"])
