@@ -36,6 +36,7 @@ trackers' console capture of the training process's own output, see the README).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -173,7 +174,7 @@ class BridgeProcess:
         failed = [outcomes[name] for name in names if outcomes.get(name, ("",))[0] == "failed"]
         if failed:
             self._abort()
-            raise _error_from(failed[0][2], failed[0][3])
+            raise _error_from(*failed[0][2:6])
         still_opening = [name for name in names if name not in outcomes]
         if still_opening:
             logger.warning(
@@ -577,9 +578,22 @@ _ERRORS: dict[str, type[Exception]] = {
 }
 
 
-def _error_from(type_name: str, message: str) -> Exception:
+def _error_from(type_name: str, message: str, module: str = "", qualname: str = "") -> Exception:
+    """The child's error as itself, so that a user's ``except`` does not depend on where the
+    trackers run: our own types, else the original class (a tracker's, e.g. wandb's UsageError),
+    imported here only now that Tracking() fails; a RuntimeError naming it when it cannot be."""
     kind = _ERRORS.get(type_name)
-    return kind(message) if kind is not None else RuntimeError(f"{type_name}: {message}")
+    if kind is not None:
+        return kind(message)
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+        if isinstance(found, type) and issubclass(found, Exception):
+            return found(message)
+    except Exception:  # not importable here, or a constructor that wants other arguments
+        pass
+    return RuntimeError(f"{type_name}: {message}")
 
 
 def _fileno(stream: Any) -> int | None:
@@ -647,7 +661,8 @@ def _open_bridge(sink: Sink, settings: Settings, config: Any, replies: _Outbox) 
         parts = open_checked_bridge(sink.name, settings, config)
     except BaseException as error:  # the top of this thread: every error is the bridge's outcome
         sink.give_up()
-        replies.tell(("failed", sink.name, type(error).__name__, str(error)))
+        kind = type(error)
+        replies.tell(("failed", sink.name, kind.__name__, str(error), kind.__module__, kind.__qualname__))
         return
     if not sink.attach(parts):  # the run finished while this one was opening: end it, as failed
         if parts.finish is not None:

@@ -321,10 +321,15 @@ def test_a_tracker_failing_within_the_window_raises_and_leaves_no_process(
     monkeypatch.setenv("WANDB_DIR", str(isolated))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(isolated / "wandb-config"))
     monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", "60")  # however slow wandb's import is today
+    from wandb.errors import UsageError
+
     before = live_children()
-    with pytest.raises(RuntimeError, match="UsageError: No API key configured"):
+    with pytest.raises(UsageError, match="No API key configured"):  # wandb's own error, as in one process
         Tracking("proj", "exp", default_backend=["file", "wandb"])
     wait_for(lambda: live_children() <= before, timeout_s=30, what="the bridge process to exit")
+    monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", "false")  # a user's except does not depend on the mode
+    with pytest.raises(UsageError, match="No API key configured"):
+        Tracking("proj", "exp", default_backend=["file", "wandb"])
 
 
 def test_a_tracker_failing_after_the_window_warns_and_spools_everything(
