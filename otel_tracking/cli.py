@@ -21,13 +21,36 @@ def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("SWANLAB_MODE", "offline")
     os.environ.setdefault("TRACKIO_DIR", str(out / "trackio"))
     os.environ.setdefault("WANDB_MODE", "offline")
-    os.environ.setdefault("WANDB_DIR", str(out))
+    for variable, folder in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "wandb-cache"), ("WANDB_DATA_DIR", "wandb-data")):
+        os.environ.setdefault(variable, str(out / folder))
+    os.environ.setdefault("WANDB_CONFIG_DIR", str(out / "wandb-config"))
+    os.environ.setdefault("OTEL_TRACKING_SPOOL_DIR", str(out / "spool"))
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{out / 'mlflow.db'}")
     tracking = run_demo(steps=args.steps, backends=backends, val_every=args.val_every, lanes=args.lanes)
     print("\nThe run is done. Where each sink wrote:")
     for name, where in tracking.where().items():
         print(f"  {name:>12}: {where}")
+    hints = _what_next(backends)
+    if hints:
+        print("\nTo look at it:")
+        for hint in hints:
+            print(f"  {hint}")
     return 0
+
+
+def _what_next(backends: Sequence[str]) -> list[str]:
+    """Commands that show this run, for the backends it used."""
+    hints = []
+    if "tensorboard" in backends:
+        hints.append(f"tensorboard --logdir {os.environ['TENSORBOARD_DIR']}")
+    if "mlflow" in backends:
+        uri = os.environ["MLFLOW_TRACKING_URI"]
+        hints.append(f"mlflow ui --backend-store-uri {uri}   # needs the full mlflow package: pip install mlflow")
+    if "trackio" in backends:
+        hints.append(f"TRACKIO_DIR={os.environ['TRACKIO_DIR']} trackio show")
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        hints.append("otel-tracking stack status   # the Jaeger API and Prometheus URLs of the local stack")
+    return hints
 
 
 def _stack(args: argparse.Namespace) -> int:

@@ -136,3 +136,12 @@ def test_cli_version_and_help_show_defaults() -> None:
     help_text = _cli("demo", "--help").stdout
     assert "(default: 20)" in help_text and "``" not in help_text
     assert "--free-ports" in _cli("stack", "--help").stdout
+
+
+def test_the_demo_keeps_its_files_under_out_and_says_what_to_run_next(tmp_path: Path) -> None:
+    home, out = tmp_path / "home", tmp_path / "out"
+    home.mkdir()
+    done = _cli("demo", "--steps", "2", "--out", str(out), env={"HOME": str(home)})
+    assert done.returncode == 0, done.stderr
+    assert f"tensorboard --logdir {out / 'tensorboard'}" in done.stdout
+    assert list(home.iterdir()) == [], "nothing written under the home directory"
