@@ -471,7 +471,7 @@ class Stack(_OtlpReceiver):
         return {
             "otlp_http": self.otlp_http_endpoint,
             "otlp_grpc": self.otlp_grpc_endpoint,
-            "jaeger_ui": self.jaeger_url,
+            "jaeger_api": f"{self.jaeger_url}/api/traces?service=<service.name>  (its UI page is a placeholder)",
             "prometheus": self.prometheus_url,
             "collector_prometheus_exporter": self.prom_exporter_url,
             "collector_health": f"http://{HOST}:{self.ports.collector_health}/",
@@ -484,6 +484,8 @@ class Stack(_OtlpReceiver):
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_http_endpoint,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_TRACKING_SCRAPE_TARGETS_DIR": str(self.targets_dir),
+            # gauges every second (the SDK's default is 60 s): Prometheus, scraping every second, shows curves
+            "OTEL_METRIC_EXPORT_INTERVAL": "1000",
         }
 
     def _program_env(self) -> dict[str, str]:

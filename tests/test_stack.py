@@ -365,6 +365,8 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         )
         assert exports["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://127.0.0.1:")
         assert Path(exports["OTEL_TRACKING_SCRAPE_TARGETS_DIR"]).is_dir()
+        assert exports["OTEL_METRIC_EXPORT_INTERVAL"] == "1000"  # curves in Prometheus, not one point a minute
+        assert "jaeger_api" in up.stdout and "/api/traces?service=" in up.stdout
         status = subprocess.run([*cli, "status", "--state-dir", str(state)], capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout
         assert status.stdout.count("healthy") == 3
