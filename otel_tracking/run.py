@@ -76,13 +76,10 @@ def inherited_identity() -> dict[str, str]:
 
 
 def build_resource(settings: Settings) -> Resource:
-    attributes: dict[str, Any] = {
-        "telemetry.sdk.language": "python",
-        "telemetry.sdk.name": "opentelemetry",
-        "telemetry.auto.version": __version__,
-    }
-    # OTEL_RESOURCE_ATTRIBUTES first, so that our identity attributes win; secrets never reach it.
-    attributes.update({k: v for k, v in settings.resource_attributes.items() if not is_secret_key(k)})
+    """The run's identity, on top of what any OTel app's resource has: ``Resource.create`` gives
+    ``telemetry.sdk.*`` and runs the standard detectors (``OTEL_RESOURCE_ATTRIBUTES`` among them);
+    our identity attributes win, and keys that look secret are dropped."""
+    attributes: dict[str, Any] = dict(settings.resource_attributes)
     attributes.update(
         {
             "service.name": settings.service_name,
@@ -98,7 +95,8 @@ def build_resource(settings: Settings) -> Resource:
         attributes["ml.rank"] = settings.rank
     if settings.role:
         attributes["ml.role"] = settings.role
-    return Resource(attributes)
+    created = Resource.create(attributes)
+    return Resource({k: v for k, v in created.attributes.items() if not is_secret_key(k)}, created.schema_url)
 
 
 def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:

@@ -206,3 +206,21 @@ def test_a_step_record_is_what_an_exporter_decodes_from_the_metrics_data() -> No
         batch = StepBatch(Resource({"service.name": "s"}), 7, scalars, others, 123)
         (decoded,) = ConsoleMetricExporter().records(batch.metrics_data())
         assert batch.record() == decoded
+
+
+def test_the_resource_is_what_any_otel_app_has_plus_the_run_identity(isolated, monkeypatch) -> None:
+    """Resource.create: telemetry.sdk.* and the standard detectors; our identity wins; keys that
+    look secret are dropped (issue 12)."""
+    from importlib.metadata import version
+
+    from otel_tracking.run import build_resource
+
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "team=rl,ml.project=not-this,api_key=s3cret")
+    settings = build_settings("proj", "exp", ())
+    attributes = dict(build_resource(settings).attributes)
+    assert attributes["telemetry.sdk.name"] == "opentelemetry"
+    assert attributes["telemetry.sdk.language"] == "python"
+    assert attributes["telemetry.sdk.version"] == version("opentelemetry-sdk")
+    assert "telemetry.auto.version" not in attributes
+    assert attributes["team"] == "rl" and attributes["ml.project"] == "proj"
+    assert "api_key" not in attributes and "s3cret" not in repr(attributes)
