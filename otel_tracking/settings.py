@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import quote
 
+from opentelemetry.util.re import parse_env_headers
+
 from otel_tracking.delivery import Policy
 from otel_tracking.redact import redact_header_values
 
@@ -149,7 +151,8 @@ def build_settings(
     header_names: list[str] = []
     for variable in ("OTEL_EXPORTER_OTLP_HEADERS", *(f"OTEL_EXPORTER_OTLP_{s}_HEADERS" for s in _SIGNALS)):
         if variable in e:
-            header_names.extend(parse_key_value_list(e[variable], variable))
+            parse_key_value_list(e[variable], variable)  # a malformed entry is an error here, not a skip
+            header_names.extend(parse_env_headers(e[variable], liberal=True))  # as the exporters read them
 
     interval_raw = e.get("OTEL_METRIC_EXPORT_INTERVAL", "60000")
     try:
