@@ -129,6 +129,9 @@ def test_api_key_is_not_used_offline_and_never_stored(swanlab_env: Path, monkeyp
 
     logins: list[Any] = []
     monkeypatch.setattr(swanlab, "login", lambda *a, **k: logins.append((a, k)))
+    # The bridge in this process, so that the patched login above is the one it would call (in the
+    # bridge process the patch would not be seen, and the assertion below could not fail).
+    monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", "false")
     monkeypatch.setenv("SWANLAB_API_KEY", SECRET)
     tracking = Tracking("proj", "keyed", default_backend=["swanlab"], config={"trainer": {"x": 1}})
     tracking.log({"x": 1.0}, 1)
