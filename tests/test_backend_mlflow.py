@@ -428,8 +428,10 @@ def test_attach_to_existing_run(store: Store, monkeypatch: pytest.MonkeyPatch) -
     assert store.client.get_experiment_by_name("ignored-project") is None
 
 
-def test_two_runs_in_threads_do_not_collide(store: Store) -> None:
+@pytest.mark.parametrize("bridge_process", ["false", "true"])  # two sessions in one process, and through the child
+def test_two_runs_in_threads_do_not_collide(store: Store, bridge_process: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference's fluent API allows one active run per process; the bridge keeps explicit ids."""
+    monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", bridge_process)
     runs = []
     for suffix in ("-a", "-b"):
         name, experiment_id = store.experiment(suffix)

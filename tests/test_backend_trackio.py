@@ -214,21 +214,27 @@ def _log_in_a_thread(tracking: Any, data: dict[str, Any], step: int) -> list[Bas
     return errors
 
 
-def test_log_from_another_thread_reaches_the_run(trackio_env: str, seed: types.ModuleType) -> None:
+@pytest.mark.parametrize("bridge_process", ["false", "true"])  # the bridge in this process, where it matters
+def test_log_from_another_thread_reaches_the_run(
+    trackio_env: str, seed: types.ModuleType, bridge_process: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Fix: trackio.log finds its run through a context variable that other threads do not see, so
     the reference's log() raised there; the bridge logs to its Run object directly."""
     from otel_tracking import Tracking
+
+    monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", bridge_process)
 
     reference = seed.Tracking(f"{trackio_env}-ref", "exp", default_backend="trackio")
     errors = _log_in_a_thread(reference, {"loss": 1.0}, 1)
     reference.finish()
     assert [type(e) for e in errors] == [RuntimeError]
 
-    tracking = Tracking(trackio_env, "exp", default_backend="trackio")
+    experiment = f"exp-{bridge_process}"
+    tracking = Tracking(trackio_env, experiment, default_backend="trackio")
     assert _log_in_a_thread(tracking, {"loss": 1.0}, 1) == []
     tracking.log({"loss": 0.5}, 2)
     tracking.finish()
-    assert rows(trackio_env, "exp") == [(1, {"loss": 1.0}), (2, {"loss": 0.5})]
+    assert rows(trackio_env, experiment) == [(1, {"loss": 1.0}), (2, {"loss": 0.5})]
 
 
 def test_an_existing_trackio_run_is_reused_and_finished(trackio_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
