@@ -116,9 +116,12 @@ KILLED = textwrap.dedent(
     import os, sys, time
     from otel_tracking import Tracking
 
+    from otel_tracking.delivery import wait_handled
+
     t = Tracking("proj", "exp", default_backend=["file", "mlflow"])
     for step in range(20):
         t.log({"loss": 1.0 / (step + 1)}, step)
+    assert wait_handled(t.logger["mlflow"].link._queue, 60)  # every step handed to the pipe
     print("child", t.logger["mlflow"].link.process.pid, flush=True)
     time.sleep(600)
     """
@@ -133,8 +136,7 @@ def test_training_process_killed_the_bridges_still_deliver_and_end_the_run(tmp_p
     )
     assert process.stdout is not None
     child = int(next(line for line in process.stdout if line.startswith("child ")).split()[1])
-    time.sleep(0.5)  # the link thread hands the last steps over (a pipe write, microseconds)
-    process.kill()
+    process.kill()  # the script printed the pid once every step was handed over
     process.wait()
     wait_for(lambda: process_gone(child), timeout_s=120, what="the bridge process to finish on its own")
 
