@@ -403,13 +403,7 @@ class BridgeProcess:
         self._stop_link()  # past the deadline, what is still queued is spooled below
         if self._thread is not None:
             self._thread.join(max(0.1, deadline - time.monotonic()))
-        while True:
-            try:
-                message = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if message is not _STOP:
-                self._set_aside(message)
+        self._drain_to_spool()  # what the link thread did not take (it may be stuck writing)
         remaining = max(0.0, deadline - time.monotonic())
         reply = self._request(("finish", exit_code, remaining), "finished", timeout_s + _GRACE_S)
         if reply is not None:
@@ -437,13 +431,18 @@ class BridgeProcess:
                 self._queue.put_nowait(_STOP)
                 return
             except queue.Full:
-                try:
-                    message = self._queue.get_nowait()
-                except queue.Empty:
-                    continue
-                if message is not _STOP:
-                    self._set_aside(message)
-                self._queue.task_done()
+                self._drain_to_spool()
+
+    def _drain_to_spool(self) -> None:
+        """Everything still in the link's queue goes to the spool."""
+        while True:
+            try:
+                message = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if message is not _STOP:
+                self._set_aside(message)
+            self._queue.task_done()
 
     def child_stats(self, name: str) -> dict[str, int]:
         return self._stats.get(name, {})
