@@ -345,9 +345,13 @@ def _finish_at_exit() -> None:
         atexit.register(_finish_open_runs)
 
 
-def _finish_open_runs() -> None:
+def _finish_open_runs(exit_code: int | None = None, max_timeout_s: float | None = None) -> None:
+    """Finish this process's open runs, newest first (each leaves the list as it finishes)."""
     while (run := current_run()) is not None:
-        run.finish(exit_code=_exit_code_at_exit)
+        if max_timeout_s is not None:
+            timeout_s = min(max_timeout_s, run.settings.finish_timeout_s)
+            run.settings = dataclasses.replace(run.settings, finish_timeout_s=timeout_s)
+        run.finish(exit_code=_exit_code_at_exit if exit_code is None else exit_code)
 
 
 _sigterm_installed = False
@@ -428,16 +432,7 @@ def _end_after_sigterm() -> None:
         return
     code = 128 + signal.SIGTERM
     logger.warning("otel-tracking: SIGTERM, and the main thread is blocked; ending the process (exit %d)", code)
-    finisher = threading.Thread(target=_finish_all, args=(code,), daemon=True)
+    finisher = threading.Thread(target=_finish_open_runs, args=(code, 1.0), daemon=True)
     finisher.start()
     finisher.join(SIGTERM_GRACE_S)
     os._exit(code)
-
-
-def _finish_all(exit_code: int) -> None:
-    with _active_lock:
-        runs = list(_active_runs)
-    for run in reversed(runs):
-        if not run.finished and run.pid == os.getpid():
-            run.settings = dataclasses.replace(run.settings, finish_timeout_s=min(1.0, run.settings.finish_timeout_s))
-            run.finish(exit_code)
