@@ -12,9 +12,10 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import math
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from otel_tracking.pipeline import Sink
 from otel_tracking.redact import redact_config
@@ -207,12 +208,34 @@ def build_otlp_sinks(settings: Settings) -> dict[str, Sink]:
     args: dict[str, Any] = {"session": _certificate_session()} if otlp.certificate and otlp.protocol != "grpc" else {}
     sinks: dict[str, Sink] = {}
     if otlp.metrics:
-        sinks["metrics"] = Sink("otlp-metrics", metrics=OTLPMetricExporter(**args), where=where)
+        sinks["metrics"] = Sink("otlp-metrics", metrics=one_try_per_export(OTLPMetricExporter(**args)), where=where)
     if otlp.traces:
-        sinks["traces"] = Sink("otlp-traces", spans=OTLPSpanExporter(**args), where=where)
+        sinks["traces"] = Sink("otlp-traces", spans=one_try_per_export(OTLPSpanExporter(**args)), where=where)
     if otlp.logs:
-        sinks["logs"] = Sink("otlp-logs", logs=OTLPLogExporter(**args), where=where)
+        sinks["logs"] = Sink("otlp-logs", logs=one_try_per_export(OTLPLogExporter(**args)), where=where)
     return sinks
+
+
+_T = TypeVar("_T")
+
+
+def one_try_per_export(exporter: _T) -> _T:
+    """Turn off the SDK exporter's own retry loop: our delivery worker already retries (with
+    OTEL_TRACKING_MAX_ATTEMPTS and its backoff, then spools), and the SDK's loop inside each of our
+    attempts (up to 6 tries with 1, 2, 4 ... s pauses within OTEL_EXPORTER_OTLP_TIMEOUT) made a
+    run's finish() against a dead endpoint take ~30 s and print a dozen "Transient error" lines.
+    Each export is now one request (plus the SDK's immediate reconnect of a stale pooled
+    connection), bounded by OTEL_EXPORTER_OTLP_TIMEOUT.
+
+    The SDK has no public setting for this; these are the two per-instance hooks it has (checked
+    by tests/test_otlp.py, which fails if a new SDK release moves them).  An exporter without
+    them keeps its own loop: slower to give up, nothing lost."""
+    client = getattr(exporter, "_client", None)
+    if callable(getattr(client, "_compute_backoff", None)):  # OTLP/HTTP: a pause longer than any deadline
+        client._compute_backoff = lambda retry: math.inf  # type: ignore[union-attr]
+    elif isinstance(getattr(exporter, "_retryable_error_codes", None), frozenset):  # OTLP/gRPC
+        exporter._retryable_error_codes = frozenset()  # type: ignore[attr-defined]
+    return exporter
 
 
 def _certificate_session() -> Any:

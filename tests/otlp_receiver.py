@@ -44,6 +44,16 @@ class Received:
     logs: list[logs_service_pb2.ExportLogsServiceRequest] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Set `unavailable` to answer every request with a retryable failure (HTTP 503 / gRPC
+    # UNAVAILABLE); `refused` counts those requests per signal.
+    unavailable: bool = False
+    refused: dict[str, int] = field(default_factory=dict)
+
+    def refuse(self, kind: str) -> bool:
+        with self.lock:
+            if self.unavailable:
+                self.refused[kind] = self.refused.get(kind, 0) + 1
+            return self.unavailable
 
     def add(self, kind: str, message: Any, headers: dict[str, str]) -> None:
         with self.lock:
@@ -146,6 +156,11 @@ class HttpReceiver:
                     self.end_headers()
                     return
                 kind, request_type, response_type = route
+                if received.refuse(kind):
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if self.headers.get("Content-Encoding") == "gzip":
                     import gzip
 
@@ -202,16 +217,22 @@ class GrpcReceiver:
 
         class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
             def Export(self, request: Any, context: Any) -> Any:
+                if received.refuse("metrics"):
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "refused by the test")
                 received.add("metrics", request, meta(context))
                 return metrics_service_pb2.ExportMetricsServiceResponse()
 
         class Traces(trace_service_pb2_grpc.TraceServiceServicer):
             def Export(self, request: Any, context: Any) -> Any:
+                if received.refuse("traces"):
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "refused by the test")
                 received.add("traces", request, meta(context))
                 return trace_service_pb2.ExportTraceServiceResponse()
 
         class Logs(logs_service_pb2_grpc.LogsServiceServicer):
             def Export(self, request: Any, context: Any) -> Any:
+                if received.refuse("logs"):
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "refused by the test")
                 received.add("logs", request, meta(context))
                 return logs_service_pb2.ExportLogsServiceResponse()
 

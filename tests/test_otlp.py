@@ -228,3 +228,22 @@ def test_an_unreachable_endpoint_is_one_clear_warning_at_construction(
         "telemetry for it is retried and spooled until it is (see `otel-tracking replay`)"
     ]
     tracking.finish()
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_one_retry_policy_ours_not_the_sdk_exporters_loop_inside_it(
+    protocol: str, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK's OTLP exporters retry a 503/UNAVAILABLE up to 6 times with 1, 2, 4 ... s pauses
+    inside each export call; wrapped in our attempts that made a dead collector cost ~30 s at
+    finish().  Each of our OTEL_TRACKING_MAX_ATTEMPTS attempts is one request, then the spool."""
+    with RECEIVERS[protocol]() as receiver:
+        receiver.received.unavailable = True
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        monkeypatch.setenv("OTEL_TRACKING_MAX_ATTEMPTS", "3")
+        tracking = Tracking("proj", "exp", default_backend="file")
+        tracking.log({"loss": 0.5}, step=1)
+        stats = tracking.finish()
+        assert receiver.received.refused["metrics"] == 3, receiver.received.refused
+        assert stats["otlp-metrics"]["spooled"] == 1
