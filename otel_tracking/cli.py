@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -26,6 +27,8 @@ def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("WANDB_CONFIG_DIR", str(out / "wandb-config"))
     os.environ.setdefault("OTEL_TRACKING_SPOOL_DIR", str(out / "spool"))
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{out / 'mlflow.db'}")
+    if "clearml" in backends:
+        _clearml_offline(out)
     tracking = run_demo(steps=args.steps, backends=backends, val_every=args.val_every, lanes=args.lanes)
     print("\nThe run is done. Where each sink wrote:")
     for name, where in tracking.where().items():
@@ -36,6 +39,25 @@ def _demo(args: argparse.Namespace) -> int:
         for hint in hints:
             print(f"  {hint}")
     return 0
+
+
+def _clearml_offline(out: Path) -> None:
+    """ClearML needs a server or a config file before Task.init; the demo gives it an offline one
+    whose cache (where offline sessions go) is under --out.  ClearML still keeps a small
+    ``~/.clearml/.session.json``: its location is fixed to the home folder."""
+    os.environ.setdefault("CLEARML_OFFLINE_MODE", "1")
+    if "CLEARML_CONFIG_FILE" in os.environ:
+        return
+    config = out / "clearml.conf"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    # report_use_subprocess off: else closing the task waits ~11 s for ClearML's reporter process.
+    config.write_text(
+        "sdk {\n"
+        "  development { report_use_subprocess: false }\n"
+        f"  storage {{ cache {{ default_base_dir: {json.dumps(str(out / 'clearml'))} }} }}\n"
+        "}\n"
+    )
+    os.environ["CLEARML_CONFIG_FILE"] = str(config)
 
 
 def _what_next(backends: Sequence[str]) -> list[str]:

@@ -145,3 +145,30 @@ def test_the_demo_keeps_its_files_under_out_and_says_what_to_run_next(tmp_path: 
     assert done.returncode == 0, done.stderr
     assert f"tensorboard --logdir {out / 'tensorboard'}" in done.stdout
     assert list(home.iterdir()) == [], "nothing written under the home directory"
+
+
+def test_the_demo_runs_clearml_offline_under_out(tmp_path: Path) -> None:
+    """ClearML refuses Task.init without a server or config; the demo makes it offline like wandb,
+    SwanLab and MLflow, its session under --out."""
+    import os
+
+    from tests.readers_clearml import read_session
+
+    home, out = tmp_path / "home", tmp_path / "out"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEARML_")}
+    command = Path(sys.executable).with_name("otel-tracking")
+    done = subprocess.run(
+        [str(command), "demo", "--backends", "clearml", "--steps", "3", "--val-every", "0", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**env, "HOME": str(home)},
+    )
+    assert done.returncode == 0, done.stderr
+    (folder,) = sorted((out / "clearml" / "offline").glob("offline-*/"))
+    session = read_session(folder)
+    assert session.project == "otel-tracking-demo"
+    assert sorted({iteration for _, _, iteration, _ in session.user_scalars()}) == [1, 2, 3]
+    # ClearML's session cache file is pinned to the home folder; nothing else goes there.
+    assert [p.relative_to(home).as_posix() for p in home.rglob("*") if p.is_file()] == [".clearml/.session.json"]
