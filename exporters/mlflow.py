@@ -171,6 +171,16 @@ def check_environment(env: Mapping[str, str]) -> None:
         raise ConfigError(f"MLFLOW_TRACKING_URI={_safe_uri(uri)!r} {problem}")
 
 
+def tracking_uri(context: BridgeContext) -> str:
+    """``MLFLOW_TRACKING_URI``; on replay, when it is not set, the URI the run was logged to (kept in
+    the spool header unless it carried credentials), so replay goes where the run went."""
+    return (
+        context.env.get("MLFLOW_TRACKING_URI")
+        or str((context.resume or {}).get("tracking_uri") or "")
+        or DEFAULT_TRACKING_URI
+    )
+
+
 def tracking_uri_problem(uri: str, allow_file_store: bool = False) -> str | None:
     """Why MLflow would refuse ``uri`` as a tracking URI (its own rules), or None."""
     if uri == "databricks":  # MLflow takes the bare word as that store
@@ -226,7 +236,10 @@ class MlflowSession(BridgeSession):
     ) -> None:
         self.client = client
         self.run_id = run_id
-        self.resume = {"run_id": run_id}  # replay of this run's spool attaches to the same run
+        # Replay of this run's spool attaches to the same run, at the same URI unless told otherwise
+        # (a URI with credentials is not written to disk: replay then needs MLFLOW_TRACKING_URI).
+        remembered = tracking_uri if _safe_uri(tracking_uri) == tracking_uri else None
+        self.resume = {"run_id": run_id, "tracking_uri": remembered}
         self.replaying = replaying  # attached by replay: the run's status is not ours to change
         self.experiment_id = experiment_id
         self.tracking_uri = tracking_uri
@@ -249,7 +262,7 @@ class MlflowSession(BridgeSession):
         """Open (or attach to) the run, log the params; None when every attempt failed."""
         attempts = INIT_ATTEMPTS if attempts is None else max(1, attempts)
         sleep_s = INIT_RETRY_SLEEP_S if retry_sleep_s is None else retry_sleep_s
-        uri = context.env.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+        uri = tracking_uri(context)
         logger.info("Using MLFlow tracking URI: %s", _safe_uri(uri))
         session: MlflowSession | None = None
         for attempt in range(1, attempts + 1):
@@ -515,7 +528,7 @@ class MlflowLogExporter(BridgeLogExporter):
 def open_bridge(context: BridgeContext) -> BridgeParts:
     session = MlflowSession.open(context)
     if session is None:
-        uri = context.env.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+        uri = tracking_uri(context)
         return BridgeParts(where=f"MLflow not reachable at {_safe_uri(uri)}: nothing sent (see warnings)")
     return bridge_parts(session, MlflowMetricExporter, MlflowSpanExporter, MlflowLogExporter)
 

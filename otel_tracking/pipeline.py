@@ -168,7 +168,7 @@ class Sink:
         detail = scrub_text(f": {type(error).__name__}: {error}") if error else ""
         if first:
             logger.warning(
-                message + " (further failures are counted and reported at finish())", self.name, what, detail
+                message + " (further failures are counted in the summary at the end)", self.name, what, detail
             )
         else:
             logger.debug(message, self.name, what, detail)

@@ -13,12 +13,13 @@ import importlib
 import importlib.util
 import logging
 import math
+import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from otel_tracking.pipeline import Sink
-from otel_tracking.redact import redact_config
+from otel_tracking.redact import redact_config, scrub_text
 from otel_tracking.settings import ConfigError, Settings, describe_otlp
 
 if TYPE_CHECKING:
@@ -178,9 +179,26 @@ def is_bridge(name: str) -> bool:
     return name in _BRIDGES
 
 
-def build_otlp_sinks(settings: Settings) -> dict[str, Sink]:
+_OTLP_SIGNALS = {"metrics": "METRICS", "traces": "TRACES", "logs": "LOGS"}
+
+
+def otlp_endpoint(signal: str, protocol: str, env: Mapping[str, str]) -> tuple[str, bool]:
+    """The URL the SDK's exporter for ``signal`` sends to, by the standard variables' rules, and
+    whether a variable set it (False: the SDK's default)."""
+    own = env.get(f"OTEL_EXPORTER_OTLP_{_OTLP_SIGNALS[signal]}_ENDPOINT")
+    if own:
+        return own, True
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if protocol == "grpc":
+        return base or "http://localhost:4317", bool(base)
+    root = base or "http://localhost:4318"
+    return f"{root if root.endswith('/') else root + '/'}v1/{signal}", bool(base)
+
+
+def build_otlp_sinks(settings: Settings, remembered: Mapping[str, str] | None = None) -> dict[str, Sink]:
     """OTLP exporters for the signals the settings turn on; they read endpoint, headers and TLS
-    from the standard OTEL_EXPORTER_OTLP_* variables themselves."""
+    from the standard OTEL_EXPORTER_OTLP_* variables themselves.  ``remembered`` (replay: signal
+    -> the endpoint a spool header names) is used for a signal whose endpoint no variable sets."""
     otlp = settings.otlp
     if not otlp.any:
         return {}
@@ -206,14 +224,27 @@ def build_otlp_sinks(settings: Settings) -> dict[str, Sink]:
     # Over HTTP, a CA file from OTEL_EXPORTER_OTLP_CERTIFICATE must win over REQUESTS_CA_BUNDLE,
     # which requests would otherwise let override the exporter's own setting.
     args: dict[str, Any] = {"session": _certificate_session()} if otlp.certificate and otlp.protocol != "grpc" else {}
+    exporters = {"metrics": OTLPMetricExporter, "traces": OTLPSpanExporter, "logs": OTLPLogExporter}
     sinks: dict[str, Sink] = {}
-    if otlp.metrics:
-        sinks["metrics"] = Sink("otlp-metrics", metrics=one_try_per_export(OTLPMetricExporter(**args)), where=where)
-    if otlp.traces:
-        sinks["traces"] = Sink("otlp-traces", spans=one_try_per_export(OTLPSpanExporter(**args)), where=where)
-    if otlp.logs:
-        sinks["logs"] = Sink("otlp-logs", logs=one_try_per_export(OTLPLogExporter(**args)), where=where)
+    for signal in (s for s in ("metrics", "traces", "logs") if getattr(otlp, s)):
+        endpoint, from_env = otlp_endpoint(signal, otlp.protocol, os.environ)
+        signal_args, signal_where = args, where
+        if not from_env and remembered and remembered.get(signal):
+            endpoint = remembered[signal]
+            signal_args = {**args, "endpoint": endpoint}
+            signal_where = f"OTLP {otlp.protocol} -> {endpoint} (the run's endpoint, kept in its spool)"
+        sinks[signal] = Sink(
+            f"otlp-{signal}",
+            **{_SINK_ARGUMENT[signal]: one_try_per_export(exporters[signal](**signal_args))},
+            where=signal_where,
+            # In the spool header: replay sends to the same endpoint unless a variable says
+            # otherwise (not one with credentials in it: those stay off the disk).
+            resume={"endpoint": endpoint if scrub_text(endpoint) == endpoint else None, "protocol": otlp.protocol},
+        )
     return sinks
+
+
+_SINK_ARGUMENT = {"metrics": "metrics", "traces": "spans", "logs": "logs"}
 
 
 _T = TypeVar("_T")

@@ -40,9 +40,14 @@ def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None
     e = dict(os.environ if env is None else env)
     e["OTEL_TRACKING_RUN_ID"] = str(header.get("run_id") or "")
     name = str(header["sink"])
+    resume = header.get("resume") or {}
+    if name in _OTLP and resume.get("protocol"):
+        e.setdefault("OTEL_EXPORTER_OTLP_PROTOCOL", str(resume["protocol"]))
     settings = build_settings(str(header["project"]), str(header["experiment"]), (), env=e, force_otlp=True)
     if name in _OTLP:
-        return build_otlp_sinks(settings)[_OTLP[name]]
+        signal = _OTLP[name]
+        remembered = {signal: str(resume["endpoint"])} if resume.get("endpoint") else None
+        return build_otlp_sinks(settings, remembered)[signal]
     return build_sink(name, settings, config=None, resume=header.get("resume"))
 
 
@@ -85,6 +90,7 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
             out.write(f"{path}: its header is damaged; nothing to rebuild the sink from; skipped\n")
             return {"items": 0, "delivered": 0, "failed": 0, "damaged": 1, "busy": 0}
         sink = rebuild_sink(header, env)
+        out.write(f"{header['sink']}: {path} -> {sink.where or 'its backend'}\n")
         progress = Progress(_records_in(path), f"{header['sink']} <- {path.name}", out)
         retry_path = path.with_name(path.name + ".retry")
         retry: Spool | None = None

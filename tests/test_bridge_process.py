@@ -48,10 +48,10 @@ def _run_of(tmp_path: Path, project: str) -> tuple[object, object]:
     return client, mlflow_reader.only_run(client, experiment.experiment_id)
 
 
-def _replay(spool: Path) -> None:
+def _replay(spool: Path, unset: tuple[str, ...] = ()) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "otel_tracking", "replay", str(spool)],
-        env=dict(os.environ),
+        env={k: v for k, v in os.environ.items() if k not in unset},
         capture_output=True,
         text=True,
         timeout=600,
@@ -167,7 +167,8 @@ def test_bridge_process_killed_training_goes_on_and_replay_delivers_the_rest(
     link_spool = list((isolated / "spool").rglob("mlflow.link.jsonl"))
     assert len(link_spool) == 1
 
-    _replay(isolated / "spool")
+    # No MLFLOW_TRACKING_URI: replay goes to the URI the run used (kept in the spool header).
+    _replay(isolated / "spool", unset=("MLFLOW_TRACKING_URI",))
     client, run = _run_of(isolated, "proj")  # the same run: replay reattached to it
     assert mlflow_reader.metric_triples(client, run.info.run_id) == [("loss", s, _loss(s)) for s in range(20)]
 

@@ -111,3 +111,36 @@ def test_ranks_sharing_a_run_id_spool_to_files_of_their_own(isolated: Path, monk
         paths.append(spool.path)
         assert spool.header["resume"] == {"run_id": f"mlflow-run-of-rank-{rank}"}
     assert paths[0] != paths[1] and paths[0].parent == paths[1].parent
+
+
+def test_replay_goes_where_the_run_went_and_says_so(isolated: Path, monkeypatch: object) -> None:
+    """The run's endpoint is down; replay with no OTLP variable set sends to that endpoint (kept
+    in the spool header), not to the SDK's localhost default, and prints where it sends."""
+    import pytest
+
+    from otel_tracking import Tracking, trace_state
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    from tests.conftest import free_port
+
+    port = free_port()  # nothing listens there during the run
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_TRACKING_MAX_ATTEMPTS", "1")
+    tracking = Tracking("proj", "exp", default_backend="file")
+    with trace_state("rollout"):
+        pass
+    tracking.log({"loss": 0.5}, step=1)
+    stats = tracking.finish()
+    assert stats["otlp-traces"]["spooled"] == 2  # the phase and its step's root span
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+    with HttpReceiver(port) as receiver:
+        done = subprocess.run(
+            [sys.executable, "-m", "otel_tracking", "replay"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        names = wait_for(lambda: sorted(s["name"] for s in receiver.received.spans()) or None, what="spans")
+    assert names == ["ml.step", "rollout"]
+    assert f"-> OTLP http/protobuf -> {receiver.endpoint}/v1/traces (the run's endpoint, kept in its spool)" in (
+        done.stderr
+    )
