@@ -112,7 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from otel_tracking import __version__
 
     defaults = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(prog="otel-tracking", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="otel-tracking",
+        description="OpenTelemetry-native experiment tracking: a demo run, a local collector/Jaeger/Prometheus "
+        "stack, and replay of what a sink could not take.",
+    )
     parser.add_argument("--version", action="version", version=f"otel-tracking {__version__}")
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error (also OTEL_TRACKING_DEBUG=1)"
@@ -139,16 +143,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run a local collector, Jaeger and Prometheus (up|down|status|build)",
         epilog="options: up [--free-ports] [--gateway] [--timeout S] [--state-dir DIR]; "
         "down|status [--state-dir DIR] (status exits 3 when a program is not healthy); build. "
-        "`otel-tracking stack up --help` says more.",
+        "otel-tracking stack up --help says more.",
     )
     stack.add_argument("action", choices=["up", "down", "status", "build"])
     stack.add_argument("options", nargs=argparse.REMAINDER, help="the action's options (see below)")
     stack.set_defaults(func=_stack)
 
     replay = commands.add_parser(
-        "replay", help="deliver spooled data (what a sink could not take) into its sink", formatter_class=defaults
+        "replay",
+        help="deliver spooled data (what a sink could not take) into its sink",
+        epilog="Each file goes where its run went (the OTLP endpoint or MLflow URI kept in its header) unless "
+        "OTEL_EXPORTER_OTLP_ENDPOINT or MLFLOW_TRACKING_URI say otherwise. Exit code 0 when everything was "
+        "delivered, 1 when something failed or was damaged, 2 for a path that does not exist.",
     )
-    replay.add_argument("paths", nargs="*", help="spool files or directories (default: the whole spool)")
+    replay.add_argument(
+        "paths", nargs="*", help="spool files or directories (default: the whole spool, OTEL_TRACKING_SPOOL_DIR)"
+    )
     replay.set_defaults(func=_replay)
 
     args = parser.parse_args(argv)

@@ -134,8 +134,12 @@ def test_cli_version_and_help_show_defaults() -> None:
 
     assert _cli("--version").stdout.strip() == f"otel-tracking {__version__}"
     help_text = _cli("demo", "--help").stdout
-    assert "(default: 20)" in help_text and "``" not in help_text
+    assert "(default: 20)" in help_text
     assert "--free-ports" in _cli("stack", "--help").stdout
+    for command in ((), ("demo",), ("stack",), ("replay",)):
+        text = _cli(*command, "--help").stdout
+        assert "`" not in text and "default: None" not in text, (command, text)
+    assert "2 for a path that does not exist" in " ".join(_cli("replay", "--help").stdout.split())
 
 
 def test_the_demo_keeps_its_files_under_out_and_says_what_to_run_next(tmp_path: Path) -> None:
