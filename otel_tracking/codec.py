@@ -1,110 +1,201 @@
-"""OTel data to JSON-able dicts and back, for the spool (what a sink could not take, kept on disk).
+"""OTel data to JSON-able dicts and back: the spool's record format and the bridge link's.
 
-Only what the bridges and OTLP exporters read survives the round trip: for metrics, gauge points
-(name, description, value, attributes, times) and the resource; for spans, name, ids, parent,
-times, status, attributes, events and resource; for log records, event name, body, attributes,
-times, trace context and resource.  NaN and infinities survive (the spool is written with
-Python's json, which keeps them).
+Spans keep everything an exporter reads: name, kind, ids, trace flags and state, parent (and
+whether it was remote), times, status, attributes, events, links, instrumentation scope and
+resource.  Log records keep body, severity (number and text), event name, attributes, times, trace
+context, scope and resource.  Metrics keep name, description, unit, gauge or sum (with its
+temporality and monotonicity), points, scope and resource.  Attribute values that are sequences
+come back as tuples, as the SDK stores them; NaN and infinities survive (the spool is written with
+Python's json, which keeps them).  ``tests/test_properties.py`` round-trips SDK-made spans.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk.metrics.export import Gauge, Metric, MetricsData, NumberDataPoint, Sum
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from otel_tracking.steps import SCOPE, StepBatch, materialize, wrap
+
+# --- shared pieces -----------------------------------------------------------------------------
+
+
+def _attributes(raw: Mapping[str, Any] | None) -> dict[str, Any]:
+    """JSON turned tuples into lists; the SDK keeps sequence attributes as tuples."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in (raw or {}).items()}
+
+
+def _encode_scope(scope: InstrumentationScope | None) -> list[Any] | None:
+    if scope is None:
+        return None
+    return [scope.name, scope.version, scope.schema_url, dict(scope.attributes or {})]
+
+
+def _decode_scope(raw: list[Any] | None) -> InstrumentationScope:
+    if not raw:
+        return SCOPE
+    name, version, schema_url, attributes = [*raw, None, None, None][:4]
+    return InstrumentationScope(name, version, schema_url or "", _attributes(attributes) or None)
+
+
+def _encode_context(context: SpanContext | None) -> list[Any] | None:
+    if context is None:
+        return None
+    return [
+        format(context.trace_id, "032x"),
+        format(context.span_id, "016x"),
+        int(context.trace_flags),
+        context.trace_state.to_header() if context.trace_state else "",
+        context.is_remote,
+    ]
+
+
+def _decode_context(raw: list[Any] | None) -> SpanContext | None:
+    if not raw:
+        return None
+    trace_id, span_id, flags, state, remote = raw
+    return SpanContext(
+        int(trace_id, 16),
+        int(span_id, 16),
+        is_remote=bool(remote),
+        trace_flags=TraceFlags(flags),
+        trace_state=TraceState.from_header([state]) if state else TraceState(),
+    )
+
+
+# --- metrics -----------------------------------------------------------------------------------
 
 
 def encode_metrics(data: MetricsData | StepBatch) -> dict[str, Any]:
     out = []
     for rm in materialize(data).resource_metrics:
-        metrics = []
+        scopes = []
         for sm in rm.scope_metrics:
+            metrics = []
             for metric in sm.metrics:
-                if not isinstance(metric.data, (Gauge, Sum)):
+                if isinstance(metric.data, Sum):
+                    shape = ["sum", metric.data.aggregation_temporality.value, metric.data.is_monotonic]
+                elif isinstance(metric.data, Gauge):
+                    shape = ["gauge"]
+                else:  # histograms: no sink of ours takes them
                     continue
-                points = [[p.value, dict(p.attributes or {}), p.time_unix_nano] for p in metric.data.data_points]
-                metrics.append([metric.name, metric.description, points])
-        out.append({"resource": dict(rm.resource.attributes), "metrics": metrics})
+                points = [
+                    [p.value, dict(p.attributes or {}), p.start_time_unix_nano, p.time_unix_nano]
+                    for p in metric.data.data_points
+                ]
+                metrics.append([metric.name, metric.description, metric.unit, shape, points])
+            scopes.append({"scope": _encode_scope(sm.scope), "metrics": metrics})
+        out.append({"resource": dict(rm.resource.attributes), "scopes": scopes})
     return {"resource_metrics": out}
+
+
+def _decode_metric(name: str, description: str, unit: str | None, shape: list[Any], points: list[Any]) -> Metric:
+    data_points = [
+        NumberDataPoint(attributes=_attributes(attrs), start_time_unix_nano=start, time_unix_nano=t, value=value)
+        for value, attrs, start, t in points
+    ]
+    if shape[0] == "sum":
+        data: Gauge | Sum = Sum(
+            data_points=data_points,
+            aggregation_temporality=AggregationTemporality(shape[1]),
+            is_monotonic=bool(shape[2]),
+        )
+    else:
+        data = Gauge(data_points=data_points)
+    return Metric(name=name, description=description, unit=unit, data=data)
 
 
 def decode_metrics(blob: dict[str, Any]) -> MetricsData:
     resource_metrics: list[Any] = []
     for rm in blob["resource_metrics"]:
-        metrics = [
-            Metric(
-                name=name,
-                description=description,
-                unit=None,
-                data=Gauge(
-                    data_points=[
-                        NumberDataPoint(attributes=attrs, start_time_unix_nano=t, time_unix_nano=t, value=value)
-                        for value, attrs, t in points
-                    ]
-                ),
+        resource = Resource(rm["resource"])
+        if "metrics" in rm:  # the first spool format (one scope, gauges only)
+            old = [_decode_metric(n, d, None, ["gauge"], [[v, a, t, t] for v, a, t in p]) for n, d, p in rm["metrics"]]
+            resource_metrics.extend(wrap(resource, old).resource_metrics)
+            continue
+        scopes = [
+            ScopeMetrics(
+                scope=_decode_scope(sm["scope"]),
+                metrics=[_decode_metric(*metric) for metric in sm["metrics"]],
+                schema_url="",
             )
-            for name, description, points in rm["metrics"]
+            for sm in rm["scopes"]
         ]
-        resource_metrics.extend(wrap(Resource(rm["resource"]), metrics).resource_metrics)
+        resource_metrics.append(ResourceMetrics(resource=resource, scope_metrics=scopes, schema_url=""))
     return MetricsData(resource_metrics=resource_metrics)
 
 
-def _context(trace_id: str | None, span_id: str | None) -> SpanContext | None:
-    if not trace_id or not span_id:
-        return None
-    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=False, trace_flags=TraceFlags(1))
+# --- spans -------------------------------------------------------------------------------------
 
 
 def encode_spans(spans: Sequence[ReadableSpan]) -> list[dict[str, Any]]:
-    out = []
-    for span in spans:
-        context, parent = span.get_span_context(), span.parent
-        out.append(
-            {
-                "name": span.name,
-                "trace_id": format(context.trace_id, "032x") if context else None,
-                "span_id": format(context.span_id, "016x") if context else None,
-                "parent_span_id": format(parent.span_id, "016x") if parent else None,
-                "start": span.start_time,
-                "end": span.end_time,
-                "status": span.status.status_code.name,
-                "description": span.status.description,
-                "attributes": dict(span.attributes or {}),
-                "events": [[e.name, dict(e.attributes or {}), e.timestamp] for e in span.events],
-                "resource": dict(span.resource.attributes),
-            }
-        )
-    return out
+    return [
+        {
+            "name": span.name,
+            "kind": span.kind.name,
+            "context": _encode_context(span.get_span_context()),
+            "parent": _encode_context(span.parent),
+            "start": span.start_time,
+            "end": span.end_time,
+            "status": span.status.status_code.name,
+            "description": span.status.description,
+            "attributes": dict(span.attributes or {}),
+            "events": [[e.name, dict(e.attributes or {}), e.timestamp] for e in span.events],
+            "links": [[_encode_context(link.context), dict(link.attributes or {})] for link in span.links],
+            "scope": _encode_scope(span.instrumentation_scope),
+            "resource": dict(span.resource.attributes),
+            "resource_schema": span.resource.schema_url,
+        }
+        for span in spans
+    ]
+
+
+def _old_context(trace_id: str | None, span_id: str | None) -> list[Any] | None:
+    return [trace_id, span_id, 1, "", False] if trace_id and span_id else None
 
 
 def decode_spans(blobs: list[dict[str, Any]]) -> list[ReadableSpan]:
     spans = []
     for b in blobs:
-        parent = _context(b["trace_id"], b["parent_span_id"])
+        if "context" not in b:  # the first spool format
+            b = {**b, "context": _old_context(b["trace_id"], b["span_id"])}
+            b["parent"] = _old_context(b["trace_id"], b["parent_span_id"])
         spans.append(
             ReadableSpan(
                 name=b["name"],
-                context=_context(b["trace_id"], b["span_id"]),
-                parent=parent,
-                resource=Resource(b["resource"]),
-                attributes=b["attributes"],
-                events=[Event(name, attrs, timestamp) for name, attrs, timestamp in b["events"]],
-                kind=SpanKind.INTERNAL,
+                context=_decode_context(b["context"]),
+                parent=_decode_context(b["parent"]),
+                resource=Resource(b["resource"], b.get("resource_schema")),
+                attributes=_attributes(b["attributes"]),
+                events=[Event(name, _attributes(attrs), timestamp) for name, attrs, timestamp in b["events"]],
+                links=[Link(_decode_context(c), _attributes(attrs)) for c, attrs in b.get("links", [])],  # type: ignore[arg-type]
+                kind=SpanKind[b.get("kind", "INTERNAL")],
                 status=Status(StatusCode[b["status"]], b["description"]),
                 start_time=b["start"],
                 end_time=b["end"],
-                instrumentation_scope=SCOPE,
+                instrumentation_scope=_decode_scope(b.get("scope")),
             )
         )
     return spans
+
+
+# --- log records -------------------------------------------------------------------------------
 
 
 def encode_logs(records: Sequence[ReadableLogRecord]) -> list[dict[str, Any]]:
@@ -119,8 +210,11 @@ def encode_logs(records: Sequence[ReadableLogRecord]) -> list[dict[str, Any]]:
                 "timestamp": r.timestamp,
                 "observed": r.observed_timestamp,
                 "severity": r.severity_number.value if r.severity_number is not None else None,
+                "severity_text": r.severity_text,
                 "trace_id": r.trace_id,
                 "span_id": r.span_id,
+                "trace_flags": int(r.trace_flags) if r.trace_flags is not None else None,
+                "scope": _encode_scope(item.instrumentation_scope),
                 "resource": dict(item.resource.attributes),
             }
         )
@@ -135,19 +229,23 @@ def decode_logs(blobs: list[dict[str, Any]]) -> list[ReadableLogRecord]:
     for b in blobs:
         context = None
         if b.get("trace_id") and b.get("span_id"):
-            span_context = SpanContext(b["trace_id"], b["span_id"], is_remote=False, trace_flags=TraceFlags(1))
+            flags = TraceFlags(b["trace_flags"] if b.get("trace_flags") is not None else 1)
+            span_context = SpanContext(b["trace_id"], b["span_id"], is_remote=False, trace_flags=flags)
             context = trace.set_span_in_context(NonRecordingSpan(span_context))
         record = LogRecord(
             timestamp=b["timestamp"],
             observed_timestamp=b["observed"],
             context=context,
             severity_number=SeverityNumber(b["severity"]) if b["severity"] is not None else None,
+            severity_text=b.get("severity_text"),
             body=b["body"],
-            attributes=b["attributes"],
+            attributes=_attributes(b["attributes"]),
             event_name=b["event_name"],
         )
         records.append(
-            ReadableLogRecord(log_record=record, resource=Resource(b["resource"]), instrumentation_scope=SCOPE)
+            ReadableLogRecord(
+                log_record=record, resource=Resource(b["resource"]), instrumentation_scope=_decode_scope(b.get("scope"))
+            )
         )
     return records
 
