@@ -293,7 +293,10 @@ class MlflowSession(BridgeSession):
         resumed = (context.resume or {}).get("run_id")
         if resumed:  # otel-tracking replay: the spooled items belong to this run
             run = client.get_run(str(resumed))
-            return cls(client, str(resumed), run.info.experiment_id, uri, context.project, replaying=True)
+            # Its status is not replay's to change, unless the spool says the run ended with no
+            # bridge left to end it ("end_run": the bridge process had died).
+            replaying = not (context.resume or {}).get("end_run")
+            return cls(client, str(resumed), run.info.experiment_id, uri, context.project, replaying=replaying)
         existing = context.env.get("MLFLOW_RUN_ID")
         if existing:
             # Azure ML, Databricks and others start the run and hand us its id.

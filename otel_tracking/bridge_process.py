@@ -422,6 +422,8 @@ class BridgeProcess:
         if self._reader is not None:  # it sees the pipe close and spools what was unacknowledged
             self._reader.join(_GRACE_S)
         self._child_gone()  # (if it could not)
+        for sink in self.sinks.values():  # no bridge ended its backend's run: replay will
+            sink.spool_end(exit_code)
 
     def _stop_link(self) -> None:
         """Tell the link thread to end without ever blocking: a link stuck writing to a child that
@@ -521,6 +523,18 @@ class RemoteSink(Sink):
 
     def spool_item(self, kind: str, payload: Any) -> None:
         set_aside(self.name, self._spool, kind, payload, self.count)
+
+    def spool_end(self, exit_code: int) -> None:
+        """The run ended and this bridge could not end the backend's run: the last spool record
+        says how it ended, and replay ends the run so (MLflow FINISHED or FAILED, not RUNNING)."""
+        if self._spool is None:
+            return
+        try:
+            self._spool.end(exit_code)
+        except OSError as error:
+            logger.warning(
+                "otel-tracking: %s: could not record the run's end in %s: %s", self.name, self._spool.path, error
+            )
 
     def flush(self, timeout_s: float) -> bool:
         return self.link.flush(timeout_s)

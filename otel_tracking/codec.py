@@ -250,5 +250,21 @@ def decode_logs(blobs: list[dict[str, Any]]) -> list[ReadableLogRecord]:
     return records
 
 
-ENCODERS: dict[str, Callable[[Any], Any]] = {"metrics": encode_metrics, "spans": encode_spans, "logs": encode_logs}
-DECODERS: dict[str, Callable[[Any], Any]] = {"metrics": decode_metrics, "spans": decode_spans, "logs": decode_logs}
+def _as_is(value: Any) -> Any:
+    return value
+
+
+# "end" is not an item: the spool's last record when the run ended without its bridge ending the
+# backend's run (the bridge process was gone), ``{"exit_code": n}``; replay ends the run with it.
+ENCODERS: dict[str, Callable[[Any], Any]] = {
+    "metrics": encode_metrics,
+    "spans": encode_spans,
+    "logs": encode_logs,
+    "end": _as_is,
+}
+DECODERS: dict[str, Callable[[Any], Any]] = {
+    "metrics": decode_metrics,
+    "spans": decode_spans,
+    "logs": decode_logs,
+    "end": _as_is,
+}

@@ -86,6 +86,12 @@ class Spool:
                     self._file.write(frame(json.dumps({"header": self.header})))
             self._file.write(line)
 
+    def end(self, exit_code: int) -> None:
+        """The last record when the run ended without a bridge ending the backend's run (the
+        bridge process died, or the backend never opened): replay ends that run with this code."""
+        self.write("end", {"exit_code": exit_code})
+        self.close()
+
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
@@ -117,7 +123,7 @@ def read_spool(path: Path) -> tuple[dict[str, Any], Iterator[SpoolItem | Damaged
     handle = open(path, "rb")  # noqa: SIM115 - closed by the generator
     first = handle.readline()
     header: dict[str, Any] = {}
-    entry = _unframe(first)
+    entry = unframe(first)
     if isinstance(entry, dict) and "header" in entry:
         header = entry["header"]
     else:
@@ -130,7 +136,7 @@ def read_spool(path: Path) -> tuple[dict[str, Any], Iterator[SpoolItem | Damaged
                 at, offset = offset, offset + len(line)
                 if not line.strip():
                     continue
-                entry = _unframe(line)
+                entry = unframe(line)
                 if isinstance(entry, str):
                     yield Damaged(path, at, entry)
                     continue
@@ -142,7 +148,7 @@ def read_spool(path: Path) -> tuple[dict[str, Any], Iterator[SpoolItem | Damaged
     return header, records()
 
 
-def _unframe(line: bytes) -> dict[str, Any] | str:
+def unframe(line: bytes) -> dict[str, Any] | str:
     """The JSON object of one record, or why it cannot be read."""
     if not line.endswith(b"\n"):
         return "cut short (no end of line)"
@@ -272,6 +278,11 @@ class Worker:
             self._opening = False
             self._lock.notify_all()
             return True
+
+    @property
+    def never_opened(self) -> bool:
+        with self._lock:
+            return self._never_opened
 
     def give_up(self) -> bool:
         """The backend will not open: spool what was held and everything after.  False (and

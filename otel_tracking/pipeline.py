@@ -11,6 +11,7 @@ periodic OTLP gauge export (:class:`PeriodicExport`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -218,6 +219,13 @@ class Sink:
                 self._on_finish(exit_code)
             except Exception as error:
                 self._count_failure("finish", error)
+        elif self.worker is not None and self.worker.never_opened:
+            # Its backend never opened: replay makes its run from the spool, and ends it as this
+            # run ended (a crash stays a crash).
+            spool = self.worker.spool
+            if spool is not None and spool.path.exists():
+                with contextlib.suppress(OSError):
+                    spool.end(exit_code)
 
 
 def flush_sinks(sinks: Sequence[Sink], deadline: float) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from otel_tracking.delivery import Damaged, Spool, read_spool
+from otel_tracking.delivery import Damaged, Spool, read_spool, unframe
 from otel_tracking.pipeline import Sink
 from otel_tracking.settings import build_settings, spool_root
 
@@ -75,6 +75,19 @@ def _records_in(path: Path) -> int:
         return max(0, sum(1 for line in f if line.strip()) - 1)  # less the header
 
 
+def _end_record(path: Path) -> int | None:
+    """The exit code in the file's last record when it is an "end" record (see codec)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+        lines = [line for line in f.read().splitlines(keepends=True) if line.strip()]
+    if not lines:
+        return None
+    record = unframe(lines[-1])
+    if isinstance(record, dict) and record.get("kind") == "end":
+        return int(record["data"]["exit_code"])
+    return None
+
+
 def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | None = None) -> dict[str, int]:
     """Deliver one spool file into its sink, record by record (never loading the file whole).
     A damaged record is skipped and named (file and byte offset); what the sink refuses is kept
@@ -89,6 +102,9 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
         if not header.get("sink"):
             out.write(f"{path}: its header is damaged; nothing to rebuild the sink from; skipped\n")
             return {"items": 0, "delivered": 0, "failed": 0, "damaged": 1, "busy": 0}
+        ended = _end_record(path)
+        if ended is not None:  # the run ended without its bridge: replay ends the backend's run
+            header = {**header, "resume": {**(header.get("resume") or {}), "end_run": True}}
         sink = rebuild_sink(header, env)
         out.write(f"{header['sink']}: {path} -> {sink.where or 'its backend'}\n")
         progress = Progress(_records_in(path), f"{header['sink']} <- {path.name}", out)
@@ -102,6 +118,9 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
                 progress.step(False)
                 continue
             kind, payload = record
+            if kind == "end":
+                progress.step(True)
+                continue
             counts["items"] += 1
             ok = sink.deliver(kind, payload)
             if ok:
@@ -111,8 +130,10 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
                 retry = retry or Spool(retry_path, header)
                 retry.write(kind, payload)
             progress.step(ok)
-        sink.finish(0)
+        sink.finish(0 if ended is None else ended)
         if retry is not None:
+            if ended is not None:  # the next replay ends the run again (no harm: the same status)
+                retry.write("end", {"exit_code": ended})
             retry.close()
             os.replace(retry_path, path)
         else:

@@ -171,6 +171,8 @@ def test_bridge_process_killed_training_goes_on_and_replay_delivers_the_rest(
     _replay(isolated / "spool", unset=("MLFLOW_TRACKING_URI",))
     client, run = _run_of(isolated, "proj")  # the same run: replay reattached to it
     assert mlflow_reader.metric_triples(client, run.info.run_id) == [("loss", s, _loss(s)) for s in range(20)]
+    # Nobody was left to end the run when training finished; the spool's end record did, at replay.
+    assert run.info.status == "FINISHED"
 
 
 def test_bridge_process_killed_with_a_backlog_loses_nothing(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -104,7 +104,7 @@ HUNG = textwrap.dedent(
         t.log({"loss": 1.0 / (step + 1), "step_sq": step * step}, step)
     with open("proj/exp.jsonl") as f:
         lines = sum(1 for _ in f)
-    print(json.dumps({"lines": lines, "stats": t.finish()}), flush=True)
+    print(json.dumps({"lines": lines, "stats": t.finish(exit_code=1)}), flush=True)  # a failed run
     """
 )
 
@@ -147,6 +147,9 @@ def test_a_tracker_hung_while_opening_does_not_hang_tracking_and_its_data_is_rep
     client = mlflow_reader.client(f"sqlite:///{tmp_path / 'replayed.db'}")
     run = mlflow_reader.only_run(client, client.get_experiment_by_name("proj").experiment_id)
     assert mlflow_reader.metric_triples(client, run.info.run_id) == _expected(300)
+    # MLflow never opened, so replay made the run; it ends as the training run did (the spool's
+    # last record), not FINISHED by default.
+    assert run.info.status == "FAILED"
 
 
 # --- a tracker that opens slowly, and does open ---------------------------------------------------
@@ -384,6 +387,7 @@ def test_the_bridge_process_killed_while_a_tracker_opens_loses_nothing(
     client = mlflow_reader.client(f"sqlite:///{isolated / 'replayed.db'}")
     run = mlflow_reader.only_run(client, client.get_experiment_by_name("proj").experiment_id)
     assert mlflow_reader.metric_triples(client, run.info.run_id) == _expected(50)
+    assert run.info.status == "FINISHED"  # finish() had exit code 0
 
 
 # --- the training process dies ----------------------------------------------------------------------
