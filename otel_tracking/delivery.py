@@ -301,10 +301,19 @@ class Worker:
         n = item_count(kind, payload)
         with self._lock:
             self.ledger.handed += n
-            if len(self._items) >= self.policy.queue_size or self._closed:
+            full = len(self._items) >= self.policy.queue_size
+            if self._closed or (full and not self._opening):
                 self._set_aside(kind, payload)
                 self._report_done([token])
                 return
+            if full:
+                # Held for a backend still opening: the oldest goes to the spool instead, so the
+                # spool stays oldest-first (the held rest follows it there if the open fails, and
+                # replay delivers in order) and the newest wait to go live.
+                old_kind, old_payload, old_token = self._items.popleft()
+                self.ledger.queued -= item_count(old_kind, old_payload)
+                self._set_aside(old_kind, old_payload)
+                self._report_done([old_token])
             self._items.append((kind, payload, token))
             self.ledger.queued += n
             if len(self._items) == 1 or len(self._items) >= _MAX_MERGE:
