@@ -97,16 +97,19 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             out.write(f"{path}: still being written by a running process; skipped\n")
-            return {"items": 0, "delivered": 0, "failed": 0, "damaged": 0, "busy": 1}
+            return {"items": 0, "delivered": 0, "failed": 0, "damaged": 0, "busy": 1, "skipped": 1}
         header, records = read_spool(path)
         if not header.get("sink"):
             out.write(f"{path}: its header is damaged; nothing to rebuild the sink from; skipped\n")
-            return {"items": 0, "delivered": 0, "failed": 0, "damaged": 1, "busy": 0}
+            return {"items": 0, "delivered": 0, "failed": 0, "damaged": 1, "busy": 0, "skipped": 1}
         ended = _end_record(path)
         if ended is not None:  # the run ended without its bridge: replay ends the backend's run
             header = {**header, "resume": {**(header.get("resume") or {}), "end_run": True}}
         sink = rebuild_sink(header, env)
         out.write(f"{header['sink']}: {path} -> {sink.where or 'its backend'}\n")
+        if sink.metrics is None and sink.spans is None and sink.logs is None:  # it could not open
+            out.write(f"{path}: not replayed (the backend did not open); kept for the next replay\n")
+            return {"items": 0, "delivered": 0, "failed": 1, "damaged": 0, "busy": 0, "skipped": 1}
         progress = Progress(_records_in(path), f"{header['sink']} <- {path.name}", out)
         retry_path = path.with_name(path.name + ".retry")
         retry: Spool | None = None
@@ -142,6 +145,9 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
 
 
 def main(paths: list[str], out: TextIO = sys.stderr) -> int:
+    # MLflow's client retries a refused connection 7 times with doubling pauses (~4 min a request,
+    # three init attempts): at a command line, say "not reachable" in seconds instead.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     missing = [p for p in paths if not Path(p).exists()]
     if missing:
         out.write(f"otel-tracking replay: no such file or directory: {', '.join(missing)}\n")
@@ -159,6 +165,8 @@ def main(paths: list[str], out: TextIO = sys.stderr) -> int:
             trouble += 1
             continue
         trouble += result["failed"] + result["damaged"]
+        if result.get("skipped"):  # it said why already
+            continue
         damaged = f", {result['damaged']} damaged record(s) skipped" if result["damaged"] else ""
         out.write(f"{path}: {result['delivered']}/{result['items']} delivered{damaged}\n")
     return 1 if trouble else 0

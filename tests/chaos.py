@@ -84,6 +84,10 @@ def run_once(seed: int, root: Path) -> dict[str, Any]:
         "TENSORBOARD_DIR": str(root / "tb"),
         "OTEL_TRACKING_SPOOL_DIR": str(root / "spool"),
         "OTEL_TRACKING_FINISH_TIMEOUT": "60",
+        # Tracking() waits until MLflow has opened: a kill in the middle of MLflow creating its
+        # sqlite schema (seconds on a loaded machine) leaves a database MLflow itself cannot open
+        # again ("table ... already exists"), which is MLflow's failure, not the one tested here.
+        "OTEL_TRACKING_START_TIMEOUT": "120",
     }
     process = subprocess.Popen(
         [sys.executable, "-c", TRAINING, str(STEPS)],
