@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opentelemetry._logs import LogRecord, SeverityNumber
-from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.metrics.export import Gauge, Metric, MetricsData, NumberDataPoint, Sum
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from otel_tracking.otel_compat import LogRecord, ReadableLogRecord, SeverityNumber
 from otel_tracking.steps import SCOPE, StepBatch, materialize, wrap
 
 

@@ -183,12 +183,13 @@ def build_otlp_sinks(settings: Settings) -> dict[str, Sink]:
     otlp = settings.otlp
     if not otlp.any:
         return {}
+    from otel_tracking.otel_compat import otlp_log_exporter_class
+
+    OTLPLogExporter = otlp_log_exporter_class(otlp.protocol)
     if otlp.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     else:
-        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter  # type: ignore[assignment]
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
             OTLPMetricExporter,
         )
@@ -221,7 +222,9 @@ def _certificate_session() -> Any:
     class CertificateSession(requests.Session):
         def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
             merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
-            merged["verify"] = self.verify  # set by the exporter from OTEL_EXPORTER_OTLP_CERTIFICATE
+            # The exporter's CA file (OTEL_EXPORTER_OTLP_CERTIFICATE): the session's `verify` since the
+            # SDK's HTTP transport (1.45), the request's own `verify` argument before it.
+            merged["verify"] = self.verify if verify is None else verify
             return merged
 
     return CertificateSession()
