@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
@@ -35,6 +34,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking import settings
+from otel_tracking.otel_compat import LogRecordExporter, LogRecordExportResult
 from otel_tracking.redact import scrub_text
 from otel_tracking.spans import STEP_ATTRIBUTE, STEP_SPAN_NAME
 from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC, StepRecord
@@ -54,9 +54,18 @@ def _delta_for_all() -> dict[type, AggregationTemporality]:
         ObservableUpDownCounter,
         UpDownCounter,
     )
-    from opentelemetry.sdk.metrics._internal.instrument import Gauge as SdkGauge  # not exported publicly in 1.45
 
-    kinds = (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter, ObservableGauge, SdkGauge)
+    from otel_tracking.otel_compat import sdk_gauge_class
+
+    kinds = (
+        Counter,
+        UpDownCounter,
+        Histogram,
+        ObservableCounter,
+        ObservableUpDownCounter,
+        ObservableGauge,
+        sdk_gauge_class(),
+    )
     return dict.fromkeys(kinds, AggregationTemporality.DELTA)
 
 

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
-from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking import settings
 from otel_tracking.exporters._base import StepMetricExporter, StepRecord, hex_id, span_duration_s
+from otel_tracking.otel_compat import LogRecordExporter, LogRecordExportResult, ReadableLogRecord
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry._logs import LogRecord, SeverityNumber
-from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
@@ -31,6 +29,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
+from otel_tracking.otel_compat import LogRecord, ReadableLogRecord, SeverityNumber
 from otel_tracking.steps import SCOPE, StepBatch, materialize, wrap
 
 # --- shared pieces -----------------------------------------------------------------------------

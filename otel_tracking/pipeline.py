@@ -20,13 +20,13 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context
-from opentelemetry.sdk._logs import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking.delivery import Policy, Spool, Worker, item_count
+from otel_tracking.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
 from otel_tracking.redact import scrub_text
 from otel_tracking.steps import StepBatch, materialize
 

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -202,12 +203,13 @@ def build_otlp_sinks(settings: Settings, remembered: Mapping[str, str] | None = 
     otlp = settings.otlp
     if not otlp.any:
         return {}
+    from otel_tracking.otel_compat import otlp_log_exporter_class
+
+    OTLPLogExporter = otlp_log_exporter_class(otlp.protocol)
     if otlp.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     else:
-        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter  # type: ignore[assignment]
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
             OTLPMetricExporter,
         )
@@ -258,14 +260,23 @@ def one_try_per_export(exporter: _T) -> _T:
     Each export is now one request (plus the SDK's immediate reconnect of a stale pooled
     connection), bounded by OTEL_EXPORTER_OTLP_TIMEOUT.
 
-    The SDK has no public setting for this; these are the two per-instance hooks it has (checked
-    by tests/test_otlp.py, which fails if a new SDK release moves them).  An exporter without
-    them keeps its own loop: slower to give up, nothing lost."""
+    The SDK has no public setting for this; these are the per-instance hooks it has (checked by
+    tests/test_otlp.py on the newest SDK and on the oldest we support, which fails if a release
+    moves them).  An exporter without them keeps its own loop: slower to give up, nothing lost."""
     client = getattr(exporter, "_client", None)
-    if callable(getattr(client, "_compute_backoff", None)):  # OTLP/HTTP: a pause longer than any deadline
+    if callable(getattr(client, "_compute_backoff", None)):  # OTLP/HTTP, SDK 1.45+: a pause past any deadline
         client._compute_backoff = lambda retry: math.inf  # type: ignore[union-attr]
-    elif isinstance(getattr(exporter, "_retryable_error_codes", None), frozenset):  # OTLP/gRPC
+        return exporter
+    if isinstance(getattr(exporter, "_retryable_error_codes", None), frozenset):  # OTLP/gRPC, 1.45+
         exporter._retryable_error_codes = frozenset()  # type: ignore[attr-defined]
+        return exporter
+    # Older SDKs: the pause before a retry waits on this event, which ends the loop when set (it
+    # logs "aborting retry" once an attempt).  The exporter's own shutdown flag is another one.
+    for name in ("_shutdown_in_progress", "_shutdown_is_occuring"):
+        event = getattr(exporter, name, None)
+        if isinstance(event, threading.Event):
+            event.set()
+            break
     return exporter
 
 
@@ -275,7 +286,9 @@ def _certificate_session() -> Any:
     class CertificateSession(requests.Session):
         def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
             merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
-            merged["verify"] = self.verify  # set by the exporter from OTEL_EXPORTER_OTLP_CERTIFICATE
+            # The exporter's CA file (OTEL_EXPORTER_OTLP_CERTIFICATE): the session's `verify` since the
+            # SDK's HTTP transport (1.45), the request's own `verify` argument before it.
+            merged["verify"] = self.verify if verify is None else verify
             return merged
 
     return CertificateSession()

@@ -30,7 +30,6 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer
@@ -38,6 +37,7 @@ from opentelemetry.trace import Span, Tracer
 from otel_tracking import __version__
 from otel_tracking.delivery import Spool
 from otel_tracking.ids import ID_GENERATOR
+from otel_tracking.otel_compat import LoggerProvider
 from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks, flush_sinks
 from otel_tracking.propagation import extract_env, has_span, step_from, with_identity
 from otel_tracking.redact import is_secret_key

@@ -13,6 +13,9 @@ Real programs on the loopback interface, no containers:
 That collector is also the *gateway* of a multi-node run; ``Agent`` runs the node-local agent
 (the same binary with ``deploy/collector/agent.yaml``) that forwards to it.
 
+The repository keeps ``collector-config.yaml`` at its root and ``deploy/`` beside it; a wheel
+ships both as package data under ``otel_tracking/_stack_files/`` (``stack_files_root``).
+
 Binaries are cached under ``~/.cache/otel-tracking/bin`` (``$OTEL_TRACKING_CACHE_DIR``
 overrides the root), keyed by version and, for the collector, a hash of the manifest, so a
 second run reuses them.
@@ -53,6 +56,7 @@ __all__ = [
     "Stack",
     "StackError",
     "cache_dir",
+    "config_files",
     "ensure_binaries",
     "main",
 ]
@@ -62,17 +66,31 @@ JAEGER_MODULE = "github.com/jaegertracing/jaeger"
 JAEGER_VERSION = "v1.76.0"
 HOST = "127.0.0.1"
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-COLLECTOR_MANIFEST = REPO_ROOT / "deploy" / "collector" / "builder-config.yaml"
-COLLECTOR_CONFIG = REPO_ROOT / "collector-config.yaml"
-AGENT_CONFIG = REPO_ROOT / "deploy" / "collector" / "agent.yaml"
-JAEGER_CONFIG = REPO_ROOT / "deploy" / "jaeger" / "config.yaml"
-
-PROCESS_NAMES = ("jaeger", "collector", "prometheus")
-
 
 class StackError(RuntimeError):
     """A binary cannot be built or found, or a program did not become healthy."""
+
+
+def stack_files_root(module_file: str | os.PathLike[str] = __file__) -> Path:
+    """Where ``collector-config.yaml`` and ``deploy/`` are: installed from a wheel, the package data
+    ``otel_tracking/_stack_files/`` (pyproject.toml maps the repository root there); in a checkout
+    or an editable install, the repository root beside ``otel_tracking/``. When neither has them
+    (a broken install), the wheel's place: using a file there then fails with its path."""
+    package = Path(module_file).resolve().parent
+    packaged = package / "_stack_files"
+    for root in (packaged, package.parent):
+        if (root / "collector-config.yaml").is_file() and (root / "deploy" / "collector").is_dir():
+            return root
+    return packaged
+
+
+STACK_FILES = stack_files_root()
+COLLECTOR_MANIFEST = STACK_FILES / "deploy" / "collector" / "builder-config.yaml"
+COLLECTOR_CONFIG = STACK_FILES / "collector-config.yaml"
+AGENT_CONFIG = STACK_FILES / "deploy" / "collector" / "agent.yaml"
+JAEGER_CONFIG = STACK_FILES / "deploy" / "jaeger" / "config.yaml"
+
+PROCESS_NAMES = ("jaeger", "collector", "prometheus")
 
 
 # --------------------------------------------------------------------------- binaries
@@ -129,9 +147,17 @@ def _lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _read_stack_file(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as err:
+        raise StackError(f"cannot read {path}: {err.strerror or err}") from err
+
+
 def manifest_key(manifest: Path = COLLECTOR_MANIFEST) -> str:
-    """``<dist.version>-<hash>`` of the builder manifest (comments and output_path ignored)."""
-    text = manifest.read_text()
+    """``<dist.version>-<hash>`` of the builder manifest (comments and output_path ignored), so a
+    checkout and an installed wheel, which ship the same manifest, share the cached binary."""
+    text = _read_stack_file(manifest)
     lines = []
     for line in text.splitlines():
         stripped = line.split(" #", 1)[0].rstrip()
@@ -178,7 +204,7 @@ def build_collector(manifest: Path = COLLECTOR_MANIFEST, bin_root: Path | None =
         build_dir = out_dir / "build"
         src = build_dir / "src"
         build_dir.mkdir(parents=True, exist_ok=True)
-        text = re.sub(r"^(\s+output_path:).*$", rf"\g<1> {src}", manifest.read_text(), count=1, flags=re.M)
+        text = re.sub(r"^(\s+output_path:).*$", rf"\g<1> {src}", _read_stack_file(manifest), count=1, flags=re.M)
         cfg = build_dir / "builder-config.yaml"
         cfg.write_text(text)
         log = build_dir / "build.log"
@@ -243,6 +269,16 @@ def find_prometheus(install: bool = True) -> Path:
         "prometheus not found: install Debian's package (`sudo apt-get install -y prometheus`) "
         "or put a prometheus binary on PATH"
     )
+
+
+def config_files() -> dict[str, Path]:
+    """The files the stack and an agent run with, where this installation has them."""
+    return {
+        "collector-config": COLLECTOR_CONFIG,
+        "jaeger-config": JAEGER_CONFIG,
+        "agent-config": AGENT_CONFIG,
+        "manifest": COLLECTOR_MANIFEST,
+    }
 
 
 def ensure_binaries() -> dict[str, Path]:
@@ -885,7 +921,11 @@ def main(argv: list[str] | None = None) -> int:
         "Jaeger and Prometheus stay on 127.0.0.1",
     )
     sub.add_parser("down", parents=[common], help="stop the stack started by `up`")
-    sub.add_parser("build", parents=[common], help="build or reuse otelcol and jaeger, install prometheus; print paths")
+    sub.add_parser(
+        "build",
+        parents=[common],
+        help="build or reuse otelcol and jaeger, install prometheus; print the binaries' and config files' paths",
+    )
     st = sub.add_parser("status", parents=[common], help="show what runs")
     st.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -894,7 +934,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             for name, path in ensure_binaries().items():
-                print(f"{name:11s} {path}")
+                print(f"{name:16s} {path}")
+            for name, path in config_files().items():
+                print(f"{name:16s} {path}")
             return 0
         if args.command == "up":
             existing = _load_stack(state_dir)
@@ -917,7 +959,7 @@ def main(argv: list[str] | None = None) -> int:
             for key, value in stack.client_env().items():
                 print(f"export {key}={value}")
             if args.gateway:
-                print("\non every other node, run an agent (deploy/collector/agent.yaml) with:")
+                print(f"\non every other node, run an agent ({AGENT_CONFIG}) with:")
                 endpoint = f"{socket.gethostname()}:{stack.ports.otlp_grpc}"
                 print(f"OTEL_TRACKING_GATEWAY_ENDPOINT={endpoint}   # this host as the other nodes reach it")
             return 0

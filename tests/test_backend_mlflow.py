@@ -528,3 +528,34 @@ def test_plain_otel_sdk(sdk_env: tuple[Store, str], tmp_path: Path) -> None:
         {"input": "in", "output": "out", "score": 1}
     ]
     assert not math.isnan(duration["rollout"])
+
+
+def test_replay_into_an_unreachable_mlflow_keeps_the_file_and_says_so(isolated: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_tracking.delivery import Spool
+    from otel_tracking.steps import step_batch
+    from tests.conftest import free_port
+
+    path = isolated / "spool" / "proj" / "exp-r1" / "mlflow.jsonl"
+    header = {"sink": "mlflow", "project": "proj", "experiment": "exp", "run_id": "r1", "resume": {"run_id": "abc"}}
+    spool = Spool(path, header)
+    spool.write("metrics", step_batch(Resource({}), 1, {"loss": 0.5}, {}, 0))
+    spool.close()
+    before = path.read_bytes()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "replay", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert f"{path}: not replayed (the backend did not open); kept for the next replay" in done.stderr
+    assert "AttributeError" not in done.stderr
+    assert path.read_bytes() == before

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
+
+import pytest
 
 BACKEND_SDKS = ["wandb", "mlflow", "swanlab", "clearml", "trackio", "tensorboard", "torch", "pandas", "numpy"]
 
@@ -176,3 +179,122 @@ def test_the_demo_runs_clearml_offline_under_out(tmp_path: Path) -> None:
     assert sorted({iteration for _, _, iteration, _ in session.user_scalars()}) == [1, 2, 3]
     # ClearML's session cache file is pinned to the home folder; nothing else goes there.
     assert [p.relative_to(home).as_posix() for p in home.rglob("*") if p.is_file()] == [".clearml/.session.json"]
+
+
+def test_the_stack_files_are_found_installed_or_in_a_checkout(tmp_path: Path) -> None:
+    from otel_tracking.stack import COLLECTOR_CONFIG, StackError, manifest_key, stack_files_root
+
+    repo = Path(__file__).resolve().parent.parent
+    assert repo / "collector-config.yaml" == COLLECTOR_CONFIG  # this checkout
+    installed = tmp_path / "site-packages" / "otel_tracking"
+    (installed / "_stack_files" / "deploy" / "collector").mkdir(parents=True)
+    (installed / "_stack_files" / "collector-config.yaml").write_text("receivers: {}\n")
+    assert stack_files_root(installed / "stack.py") == installed / "_stack_files"
+    checkout = tmp_path / "checkout"
+    (checkout / "otel_tracking").mkdir(parents=True)
+    (checkout / "deploy" / "collector").mkdir(parents=True)
+    (checkout / "collector-config.yaml").write_text("receivers: {}\n")
+    assert stack_files_root(checkout / "otel_tracking" / "stack.py") == checkout
+    broken = tmp_path / "broken" / "otel_tracking"
+    broken.mkdir(parents=True)
+    root = stack_files_root(broken / "stack.py")
+    assert root == broken / "_stack_files"
+    with pytest.raises(StackError, match=r"cannot read .*_stack_files/deploy/collector/builder-config.yaml"):
+        manifest_key(root / "deploy" / "collector" / "builder-config.yaml")
+
+
+def _source_tree_copy(dest: Path) -> Path:
+    """The checkout's source files (tracked and new, not ignored), without venvs and build output."""
+    repo = Path(__file__).resolve().parent.parent
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=repo,
+        capture_output=True,
+        timeout=60,
+    )
+    if listed.returncode == 0:
+        for name in filter(None, listed.stdout.decode().split("\0")):
+            source = repo / name
+            if source.is_file():
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, dest / name)
+    else:  # not a git checkout
+        skip = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*cache*")
+        shutil.copytree(repo, dest, ignore=skip, dirs_exist_ok=True)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with otel-tracking installed from a wheel built from this checkout, as users
+    install it (the wheel's dependencies resolved by pip)."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = _source_tree_copy(root / "src")
+    pip = [sys.executable, "-m", "pip"]
+    built = subprocess.run(
+        [*pip, "wheel", "--quiet", "--no-deps", "-w", str(root / "dist"), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (root / "dist").glob("otel_tracking-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    installed = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert installed.returncode == 0, installed.stderr
+    return venv
+
+
+@pytest.mark.stack
+def test_the_stack_runs_from_a_wheel(wheel_venv: Path, tmp_path: Path) -> None:
+    """`otel-tracking stack build/up/status/down` from the wheel's venv, away from the checkout:
+    the configs come from the wheel's package data and the cached binaries are reused (the wheel's
+    manifest is the checkout's, so is the cache key)."""
+    import os
+
+    from otel_tracking.stack import build_collector
+
+    site = next((wheel_venv / "lib").glob("python3*/site-packages"))
+    packaged = site / "otel_tracking" / "_stack_files"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    command = str(wheel_venv / "bin" / "otel-tracking")
+
+    def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [command, "stack", *args], capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env
+        )
+
+    build = cli("build")
+    assert build.returncode == 0, build.stderr
+    paths = dict(line.split(None, 1) for line in build.stdout.splitlines())
+    assert paths["collector"] == str(build_collector()), "the wheel rebuilt instead of reusing the cache"
+    for name, relative in [
+        ("collector-config", "collector-config.yaml"),
+        ("jaeger-config", "deploy/jaeger/config.yaml"),
+        ("agent-config", "deploy/collector/agent.yaml"),
+        ("manifest", "deploy/collector/builder-config.yaml"),
+    ]:
+        assert paths[name] == str(packaged / relative), name
+        assert Path(paths[name]).is_file()
+    state = tmp_path / "state"
+    up = cli("up", "--free-ports", "--state-dir", str(state), timeout=180)
+    try:
+        assert up.returncode == 0, up.stderr
+        status = cli("status", "--json", "--state-dir", str(state))
+        assert status.returncode == 0, status.stdout
+        programs = json.loads(status.stdout)
+        assert all(s["healthy"] for s in programs.values()), programs
+        for name, config in [("collector", "collector-config.yaml"), ("jaeger", "deploy/jaeger/config.yaml")]:
+            argv = Path(f"/proc/{programs[name]['pid']}/cmdline").read_bytes().decode().split("\0")
+            assert argv[argv.index("--config") + 1] == str(packaged / config), argv
+    finally:
+        down = cli("down", "--state-dir", str(state))
+    assert down.returncode == 0, down.stderr
+    after = cli("status", "--state-dir", str(state))
+    assert after.returncode == 3 and after.stdout.count("stopped") == 3

@@ -122,6 +122,36 @@ def test_metrics_exporter_otlp_and_file_through_the_facade(monkeypatch: pytest.M
     assert lines == [{"step": 1, "data": {"loss": 1.5}}, {"step": 2, "data": {"loss": 1.25}}]
 
 
+def test_a_gauge_set_once_is_not_repeated_at_later_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain SDK MeterProvider with our file exporter: synchronous gauges are collected as DELTA
+    (the exporter keys its preferred temporality by the SDK's Gauge class, otel_compat's
+    sdk_gauge_class), so a key set at one step is not repeated at the steps after it."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    from otel_tracking.exporters.file import FileMetricExporter
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path))
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "ml.project=plain,ml.experiment=delta")
+    reader = PeriodicExportingMetricReader(FileMetricExporter(), export_interval_millis=3_600_000)
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("app")
+    step, loss, rare = (meter.create_gauge(name) for name in ("train.step", "train/loss", "rare"))
+    for i in range(3):
+        step.set(i)
+        loss.set(i / 4)
+        if i == 0:
+            rare.set(9.0)
+        assert provider.force_flush()
+    provider.shutdown()
+    lines = [json.loads(line) for line in (tmp_path / "plain" / "delta.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["data"]) for line in lines] == [
+        (0, {"train/loss": 0.0, "rare": 9.0}),
+        (1, {"train/loss": 0.25}),
+        (2, {"train/loss": 0.5}),
+    ]
+
+
 def test_plain_sdk_autoconfiguration_finds_our_file_exporter(tmp_path: Path) -> None:
     """No facade: the SDK's own auto-configuration loads `file` by entry point beside `otlp`."""
     script = textwrap.dedent(

@@ -39,6 +39,8 @@ LOSS = 0.8125  # exact in binary, so the text value in Prometheus is exact too
 ENTROPY = 1.5
 STEP = 7
 LANES = [("rollout", 0), ("rollout", 1), ("reward", 0), ("reward", 1), ("update", 0)]
+# (span_name, ml_lane) of every span a step sends: the step's root, its phase, the lanes
+STEP_SPANS = {("ml.step", ""), ("train_step", ""), *((name, str(lane)) for name, lane in LANES)}
 
 
 def poll(fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.25, what: str = "") -> T:
@@ -102,14 +104,28 @@ def _train_step(tracking: Any, step: int, loss: float) -> None:
     with trace_state("train_step", step=step):
         for name, lane in LANES:
             with trace_state(name, state_lane_id=lane):
-                time.sleep(0.005)
+                time.sleep(0.005)  # a phase that lasts: non-zero durations in the span metrics
     tracking.log({"train/loss": loss, "actor/entropy": ENTROPY}, step)
+
+
+def _span_calls(stack: Stack) -> dict[tuple[str, str], float]:
+    """``traces_span_metrics_calls_total`` of this test's service in Prometheus, by (span, lane)."""
+    result = stack.prom_query(f'traces_span_metrics_calls_total{{job="{SERVICE}"}}')
+    return {(r["metric"]["span_name"], r["metric"].get("ml_lane", "")): float(r["value"][1]) for r in result}
+
+
+def _scraped_steps(stack: Stack, rounds: int) -> dict[tuple[str, str], float] | None:
+    """The span calls once Prometheus has scraped ``rounds`` steps' worth of every span, else None."""
+    calls = _span_calls(stack)
+    done = calls.keys() >= STEP_SPANS and all(calls[key] >= rounds for key in STEP_SPANS)
+    return calls if done else None
 
 
 @pytest.fixture(scope="module")
 def sent(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Stack:
     """A run through the Tracking facade with OTEL_EXPORTER_OTLP_ENDPOINT at the collector: two
-    steps, far enough apart that rate()/increase() over span metrics see a rise."""
+    steps, the second sent only once Prometheus has scraped every span series of the first, so
+    that rate()/increase() over span metrics see a rise."""
     from otel_tracking import Tracking
 
     root = tmp_path_factory.mktemp("facade-run")
@@ -119,11 +135,7 @@ def sent(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Stack:
         tracking = Tracking(RESOURCE_ATTRS["ml.project"], RESOURCE_ATTRS["ml.experiment"], default_backend="file")
         _train_step(tracking, STEP - 1, 1.25)
         assert tracking.flush(30)
-        poll(
-            lambda: stack.prom_query(f'traces_span_metrics_calls_total{{job="{SERVICE}"}}'),
-            what="span metrics of the first step in Prometheus",
-        )
-        time.sleep(2.5)  # > one spanmetrics flush + one Prometheus scrape
+        poll(lambda: _scraped_steps(stack, 1), what=f"span metrics of every span of the first step: {STEP_SPANS}")
         _train_step(tracking, STEP, LOSS)
         stats = tracking.finish()
     assert all(counts["dropped"] == 0 and counts["spooled"] == 0 for counts in stats.values()), stats
@@ -307,17 +319,15 @@ def test_every_grafana_panel_query_returns_data(sent: Stack) -> None:
     def finite(result: list[dict[str, Any]]) -> bool:
         return any(math.isfinite(float(r["value"][1])) for r in result)
 
-    pending = list(queries)
-
-    def all_answered() -> bool:
-        pending[:] = [q for q in pending if not finite(sent.prom_query(q.query))]
-        return not pending
-
-    deadline = time.monotonic() + 60
-    while not all_answered():
-        if time.monotonic() > deadline:
-            pytest.fail("panels without data: " + "; ".join(f"{q.panel_title}: {q.query}" for q in pending))
-        time.sleep(0.5)
+    # Everything the run sent is in Prometheus: both steps' span metrics (the durations come in the
+    # same scrape as the calls) and the last step's gauges. From then on every panel must answer.
+    poll(lambda: _scraped_steps(sent, 2), what="span metrics of both steps")
+    poll(
+        lambda: sent.prom_query(f'train_step{{ml_run_id="{RUN_ID}"}} == {STEP}'),
+        what=f"train_step == {STEP}",
+    )
+    empty = [q for q in queries if not finite(sent.prom_query(q.query))]
+    assert not empty, "panels without data: " + "; ".join(f"{q.panel_title}: {q.query}" for q in empty)
 
     # the lane timeline maps phases to values 1..3: each lane shows a known phase
     (lane_q,) = [q for q in queries if q.panel_type == "state-timeline"]
