@@ -40,7 +40,9 @@ def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None
     e = dict(os.environ if env is None else env)
     e["OTEL_TRACKING_RUN_ID"] = str(header.get("run_id") or "")
     name = str(header["sink"])
-    settings = build_settings(str(header["project"]), str(header["experiment"]), (), env=e, force_otlp=True)
+    settings = build_settings(
+        str(header["project"]), str(header["experiment"]), (), env=e, force_otlp=True, resume="never"
+    )
     if name in _OTLP:
         return build_otlp_sinks(settings)[_OTLP[name]]
     return build_sink(name, settings, config=None, resume=header.get("resume"))
