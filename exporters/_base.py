@@ -80,7 +80,12 @@ class BridgeContext:
     config: Any = None
     env: Mapping[str, str] = field(default_factory=dict)
     run_id: str | None = None
-    resume: Mapping[str, Any] | None = None  # from a spool header, on replay: reattach to that run
+    # What to reattach to: from a spool header (replay), or from the previous attempt's record when a
+    # resumed Tracking opens the tracker again (then ``continuing`` is True, even when the record has
+    # nothing for this tracker: TensorBoard and the file sink need nothing but their directory).
+    resume: Mapping[str, Any] | None = None
+    attempt: int = 1  # ml.run.attempt of the run opening the tracker
+    continuing: bool = False  # a restarted job continues its run: a live attempt, not a replay
 
     @classmethod
     def from_env(cls) -> BridgeContext:

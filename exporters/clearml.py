@@ -24,6 +24,9 @@ What lands where:
   generations", table_plot=DataFrame[step, input, output, score], iteration=step)``.
 * ``ml.table.filtered_reward_counts`` is wandb-only in the reference: nothing is written here.
 * ``finish()`` -> ``task.close()``.
+* a resumed run (``OTEL_TRACKING_RESUME``) continues the task by id (``continue_last_task=<task
+  id>``, offline too: the same offline session folder), iterations not offset; ClearML keeps every
+  reported point, so steps logged again after a restart hold both attempts' values, in report order.
 * **Fix**: ``config=None`` connects no configuration (the reference passed ``None`` to
   ``connect_configuration``, which raises ``ValueError``, so the reference could not start).
 """
@@ -101,12 +104,18 @@ class ClearMLSession(BridgeSession):
         if str(context.env.get("CLEARML_OFFLINE_MODE", "")).strip().lower() in _TRUE:
             Task.set_offline(True)
         _forget_closed_parent_task()
+        # A resumed run (or replay) continues the task it opened before, by id; else, as the
+        # reference, the last task of this project and name.
+        task_id = (context.resume or {}).get("task_id")
         self.task: Any = Task.init(
             task_name=context.experiment,
             project_name=context.project,
-            continue_last_task=True,
+            continue_last_task=str(task_id) if task_id else True,
             output_uri=False,
         )
+        if task_id:
+            # ClearML offsets a continued task's iterations by its last one; ours are the caller's steps.
+            self.task.set_initial_iteration(0)
         configuration = _configuration(context.config)
         if configuration is not None:
             try:
@@ -120,6 +129,8 @@ class ClearMLSession(BridgeSession):
         self.skipped_non_finite = 0
         self._lock = threading.Lock()
         self.where = self._describe(context)
+        task_id = getattr(self.task, "id", None)
+        self.resume = {"task_id": str(task_id)} if task_id else None
 
     @classmethod
     def open(cls, context: BridgeContext) -> ClearMLSession:

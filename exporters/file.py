@@ -5,6 +5,12 @@ working: one line ``{"step": s, "data": {...}}`` per log() call, at ``VERL_FILE_
 ``<VERL_FILE_LOGGER_ROOT or .>/<project>/<experiment>.jsonl``.  Each line is one unbuffered write,
 so every step whose log() returned is on disk even if the process is killed.
 
+A resumed run (``OTEL_TRACKING_RESUME``) appends instead of truncating, and before its first step
+line writes one marker line ``{"resumed_from_step": s - 1, "attempt": n}`` (``s``: that first
+step).  Lines above the marker at steps above ``resumed_from_step`` are superseded: a reader that
+keeps the last value of each (key, step) in file order reads the run as the resumed job left it
+(``otel_tracking.exporters.file.read_metrics`` does that).
+
 Spans and log records (validation generations, tables) go to the sibling file
 ``<experiment>.events.jsonl``, one JSON object per line with a ``"type"`` of ``"span"`` or ``"log"``,
 never into the metrics file.
@@ -40,10 +46,13 @@ class FileSink:
     reference did), the events file is appended to, so separately built span and log exporters
     can share it."""
 
-    def __init__(self, path: Path | str | None = None) -> None:
+    def __init__(self, path: Path | str | None = None, attempt: int | None = None) -> None:
+        """``attempt``: this run resumes an earlier one (append, and mark where this attempt starts)."""
         if path is None:
             path = settings.file_sink_path(*settings.identity_from_env())
         self.path = Path(path)
+        self.attempt = attempt
+        self._marked = attempt is None
         self.events_path = events_path(self.path)
         self._metrics: BinaryIO | None = None
         self._events: BinaryIO | None = None
@@ -56,7 +65,8 @@ class FileSink:
     def _open_metrics(self) -> BinaryIO:
         if self._metrics is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._metrics = open(self.path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
+            mode = "wb" if self.attempt is None else "ab"  # a resumed run continues the file
+            self._metrics = open(self.path, mode, buffering=0)  # noqa: SIM115 - closed in close()
         return self._metrics
 
     def _open_events(self) -> BinaryIO:
@@ -74,6 +84,9 @@ class FileSink:
             data = {key: data[key] for key in record.order if key in data}
         line = orjson.dumps({"step": record.step, "data": data}, option=_OPTIONS) + b"\n"
         with self._lock:
+            if not self._marked:  # the first step of a resumed attempt: where it takes over
+                self._marked = True
+                line = orjson.dumps({"resumed_from_step": record.step - 1, "attempt": self.attempt}) + b"\n" + line
             self._open_metrics().write(line)
 
     def write_events(self, events: list[dict[str, Any]]) -> None:
@@ -89,6 +102,26 @@ class FileSink:
                 if handle is not None:
                     handle.close()
             self._metrics = self._events = None
+
+
+def read_metrics(path: Path | str) -> dict[str, dict[int, Any]]:
+    """``{key: {step: value}}`` of a metrics file, the last value of each (key, step) winning, and
+    each resume marker dropping what earlier attempts logged above its ``resumed_from_step``."""
+    values: dict[str, dict[int, Any]] = {}
+    with open(path, "rb") as handle:
+        for raw in handle:
+            if not raw.strip():
+                continue
+            line = orjson.loads(raw)
+            if "resumed_from_step" in line:
+                restart = int(line["resumed_from_step"])
+                for steps in values.values():
+                    for step in [s for s in steps if s > restart]:
+                        del steps[step]
+                continue
+            for key, value in (line.get("data") or {}).items():
+                values.setdefault(key, {})[int(line["step"])] = value
+    return values
 
 
 def span_event(span: ReadableSpan) -> dict[str, Any]:

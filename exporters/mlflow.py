@@ -78,6 +78,7 @@ DEFAULT_TRACKING_URI = "sqlite:////tmp/mlruns.db"
 INIT_ATTEMPTS = 3
 INIT_RETRY_SLEEP_S = 5.0  # as the reference; tests set it small
 _INVALID = "INVALID_PARAMETER_VALUE"
+ATTEMPT_TAG = "ml.run.attempt"  # on a resumed run: its attempt number (no tag: attempt 1)
 _LINK_BATCH = 100  # MlflowClient.link_traces_to_run takes at most 100 trace ids per call
 
 
@@ -241,6 +242,8 @@ class MlflowSession(BridgeSession):
         remembered = tracking_uri if _safe_uri(tracking_uri) == tracking_uri else None
         self.resume = {"run_id": run_id, "tracking_uri": remembered}
         self.replaying = replaying  # attached by replay: the run's status is not ours to change
+        self.attempt = 1  # > 1: a resumed run (OTEL_TRACKING_RESUME) continues this MLflow run
+        self._first_step_tagged = False
         self.experiment_id = experiment_id
         self.tracking_uri = tracking_uri
         self.project = project
@@ -291,7 +294,11 @@ class MlflowSession(BridgeSession):
 
         client = MlflowClient(tracking_uri=uri)
         resumed = (context.resume or {}).get("run_id")
-        if resumed:  # otel-tracking replay: the spooled items belong to this run
+        if resumed and context.continuing:  # a restarted job (OTEL_TRACKING_RESUME): the same run, running again
+            session = cls._reopen(client, str(resumed), uri, context)
+            if session is not None:
+                return session
+        elif resumed:  # otel-tracking replay: the spooled items belong to this run
             run = client.get_run(str(resumed))
             # Its status is not replay's to change, unless the spool says the run ended with no
             # bridge left to end it ("end_run": the bridge process had died).
@@ -324,11 +331,47 @@ class MlflowSession(BridgeSession):
         run = client.create_run(experiment_id, tags=tags, run_name=context.experiment)
         return cls(client, run.info.run_id, experiment_id, uri, context.project)
 
+    @classmethod
+    def _reopen(cls, client: Any, run_id: str, uri: str, context: BridgeContext) -> MlflowSession | None:
+        """The previous attempt's run, RUNNING again (a killed job's run was left RUNNING or ended
+        FAILED by its bridge process), tagged ``ml.run.attempt``; None when it is gone from this
+        tracking store (then a new run is made, with a warning)."""
+        from mlflow.entities import LifecycleStage, RunStatus
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = client.get_run(run_id)
+        except MlflowException as error:
+            if _error_code(error) != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            run = None
+        if run is None or run.info.lifecycle_stage == LifecycleStage.DELETED:
+            logger.warning(
+                "otel-tracking: MLflow run %s of the resumed run is not in %s; starting a new one",
+                run_id,
+                _safe_uri(uri),
+            )
+            return None
+        client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+        client.set_tag(run_id, ATTEMPT_TAG, str(context.attempt))
+        session = cls(client, run_id, run.info.experiment_id, uri, context.project)
+        session.attempt = context.attempt
+        return session
+
     # the bridge's writes ---------------------------------------------------------------------------
 
     def write_step(self, record: StepRecord) -> bool:
         # Numbers only: MLflow metrics have no place for the non-number values (record.others).
         timestamp_ms = record.time_unix_nano // 1_000_000 if record.time_unix_nano else int(time.time() * 1000)
+        if self.attempt > 1 and not self._first_step_tagged:
+            # MLflow keeps every point: 101..130 logged again after a restart from step 100 hold two
+            # values each.  This tag (and the timestamps) says which attempt wrote which.
+            try:
+                self.client.set_tag(self.run_id, f"{ATTEMPT_TAG}.{self.attempt}.first_step", str(record.step))
+                self._first_step_tagged = True
+            except Exception as error:
+                logger.debug("MLflow attempt tag failed: %s", error)
+                return False
         return self.log_metrics(list(record.scalars.items()), record.step, timestamp_ms)
 
     def write_timing(self, step: int, key: str, seconds: float) -> bool:

@@ -71,6 +71,9 @@ def swanlab_init_arguments(context: BridgeContext) -> tuple[str | None, dict[str
         "log_dir": log_dir,
         "mode": mode,
     }
+    run_id = (context.resume or {}).get("id")
+    if run_id:  # a resumed run (or replay): the same SwanLab run, by id
+        kwargs.update(id=str(run_id), resume="allow")
     return api_key, kwargs
 
 
@@ -85,6 +88,8 @@ class SwanLabSession(BridgeSession):
         if api_key and str(kwargs["mode"]).lower() not in _OFFLINE_MODES:
             swanlab.login(api_key)  # NOTE: overwrites any previous login, as in the reference
         self.run = swanlab.init(**kwargs)
+        run_id = getattr(self.run, "id", None)
+        self.resume = {"id": str(run_id)} if run_id else None  # how a resumed run reattaches
         self._high_step = 0
         self.finished = False
         self._lock = threading.Lock()

@@ -18,6 +18,12 @@ What lands where (the reference wrote the same through ``torch.utils.tensorboard
 * the DAPO filtered-reward table: nothing (the reference's table logger is wandb-only);
 * config/params: nothing (the reference's TensorBoard adapter logged none).
 
+A resumed run (``OTEL_TRACKING_RESUME``) writes a new event file into the same directory and, before
+its first step, the ``SessionLog.START`` event that ``SummaryWriter(purge_step=s)`` writes, at that
+first step ``s``: TensorBoard's readers then drop what the earlier attempt wrote at steps ``>= s``
+(``EventAccumulator``'s ``purge_orphaned_data``, on by default), so each (tag, step) shows the
+resumed job's value.
+
 The file is written with TensorBoard's own ``EventFileWriter`` (TensorBoard's record framing, its
 file naming, and the class wandb's ``sync_tensorboard`` hooks, as the reference's SummaryWriter
 used it), flushed after every write, so each export is in the file when it returns.  The writer's
@@ -73,8 +79,10 @@ def generations_text(samples: Sequence[Any], step: int) -> str:
 class TensorboardSession(BridgeSession):
     """One event file in one directory, shared by a run's metric, span and log exporters."""
 
-    def __init__(self, directory: Path | str) -> None:
+    def __init__(self, directory: Path | str, purge_at_first_step: bool = False) -> None:
+        """``purge_at_first_step``: a resumed run; the first step written purges later steps on read."""
         self.directory = Path(directory)
+        self._purge_pending = purge_at_first_step
         self.where = f"{self.directory.resolve()} (TensorBoard event file)"
         self.closed = False
         self._writer: Any = None  # tensorboard's EventFileWriter
@@ -83,7 +91,8 @@ class TensorboardSession(BridgeSession):
     @classmethod
     def open(cls, context: BridgeContext) -> TensorboardSession:
         """The session; its event file is created by the first write (or :meth:`create_file`)."""
-        return cls(settings.tensorboard_dir(context.project, context.experiment, context.env))
+        directory = settings.tensorboard_dir(context.project, context.experiment, context.env)
+        return cls(directory, purge_at_first_step=context.continuing)
 
     def create_file(self) -> None:
         with self._lock:
@@ -114,9 +123,26 @@ class TensorboardSession(BridgeSession):
             writer.add_event(event)
             writer.flush()
 
+    def purge_from(self, step: int, wall_time: float | None = None) -> None:
+        """What ``SummaryWriter(purge_step=step)`` writes: readers drop earlier events at steps >= ``step``."""
+        from tensorboard.compat.proto import event_pb2
+
+        event = event_pb2.Event(
+            wall_time=wall_time or time.time(),
+            step=step,
+            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
+        )
+        with self._lock:
+            writer = self._open()
+            writer.add_event(event)
+            writer.flush()
+
     def write_step(self, record: StepRecord) -> bool:
         # Numbers only: TensorBoard scalars have no place for strings, lists or None.
         values = [scalar_value(key, value) for key, value in record.scalars.items()]
+        if self._purge_pending:  # the first step of a resumed attempt (see the module's notes)
+            self._purge_pending = False
+            self.purge_from(record.step, record.time_unix_nano / 1e9 if record.time_unix_nano else None)
         self.write(record.step, values, record.time_unix_nano / 1e9 if record.time_unix_nano else None)
         return True
 

@@ -103,11 +103,16 @@ class TrackioSession(BridgeSession):
         run = context_vars.current_run.get()
         if run is None:
             config = context.config if isinstance(context.config, dict) or context.config is None else None
-            run = self.trackio.init(project=context.project, name=context.experiment, config=config, embed=False)
+            # A resumed run (or replay) continues the Trackio run of the same project and name.
+            resume = "allow" if context.continuing or context.resume else "never"
+            run = self.trackio.init(
+                project=context.project, name=context.experiment, config=config, embed=False, resume=resume
+            )
         self.run = run
         self.directory = str(utils.TRACKIO_DIR)
         place = getattr(self.run, "url", None) or self.directory
         self.where = f"trackio project {self.run.project!r}, run {self.run.name!r} in {place}"
+        self.resume = {"project": str(self.run.project), "name": str(self.run.name)}
         self.closed = False
         self._lock = threading.Lock()
 

@@ -25,6 +25,14 @@ and written with ``run.log(data, step=step)``, ended with ``run.finish(exit_code
   When the number of samples per validation step changes (the reference raised ``ValueError``
   there), a new table with the new columns starts under the same key.
 
+A resumed run (``OTEL_TRACKING_RESUME``) opens its wandb run when its first step arrives, as a
+*rewind* of the previous attempt's run: ``wandb.init(resume_from="<run id>?_step=<first step - 1>")``,
+so that wandb replaces what the killed job logged from the first step on (offline, the branch point is
+recorded in the run's ``_wandb.branch_point`` config and applied by ``wandb sync``).  Where wandb
+refuses a rewind (a server without the feature), the run is resumed by id with ``resume="allow"``
+instead: then wandb keeps the first attempt's values at the overlapping steps and drops the new
+ones (counted in ``skipped``).  Spans and events that come before that first step wait for it.
+
 ``WandbSession.start`` takes the wandb-like module to drive, so the vemlp_wandb bridge (Volcengine's
 ``volcengine_ml_platform.wandb``) reuses all of this.
 """
@@ -120,6 +128,46 @@ class WandbSession(BridgeSession):
         self.pid = os.getpid()
         self.where = self._where()
         self.resume = self._resume()
+        self._deferred: dict[str, Any] | None = None  # init kwargs of a rewind that waits for its first step
+        self._pending: list[tuple[dict[str, Any], int]] = []  # what came before that step
+
+    @classmethod
+    def rewind(cls, module: Any, run_id: str, **init_kwargs: Any) -> WandbSession:
+        """A session whose run opens at the first step written, as a rewind of run ``run_id`` to
+        that step (see the module's notes)."""
+        session = cls(module, None)
+        session._deferred = {**init_kwargs, "id": run_id}
+        session.resume = {"id": run_id, "project": init_kwargs.get("project"), "entity": init_kwargs.get("entity")}
+        session.where = f"wandb run {run_id} (resumed; opens at its first step)"
+        return session
+
+    def _open_deferred(self, step: int) -> None:
+        kwargs = dict(self._deferred or {})
+        self._deferred = None
+        run_id = str(kwargs.pop("id"))
+        try:
+            # wandb keeps the rewound run's history up to and including the given step, and goes on
+            # from the next one: the step before the first one this attempt logs.
+            run = self.module.init(**kwargs, resume_from=f"{run_id}?_step={max(step - 1, 0)}")
+        except Exception as error:
+            logger.warning(
+                "otel-tracking: wandb did not rewind run %s to step %s (%s); resuming it by id instead: "
+                "wandb keeps the earlier values of the steps logged again",
+                run_id,
+                step,
+                error,
+            )
+            run = self.module.init(**kwargs, id=run_id, resume="allow")
+        self.run = run
+        self._target = run if run is not None and callable(getattr(run, "log", None)) else self.module
+        self.where = self._where()
+        self.resume = self._resume() or self.resume
+        try:
+            current = int(getattr(run, "step", 0) or 0)
+        except (TypeError, ValueError):
+            current = 0
+        if current > 0:  # what wandb would drop: below its step (a resume by id, online)
+            self.high_step = current
 
     # --- opening --------------------------------------------------------------------------------
 
@@ -136,6 +184,11 @@ class WandbSession(BridgeSession):
             "config": context.config,
             "settings": settings,
         }
+        resumed = (context.resume or {}).get("id")
+        if context.continuing and resumed:  # a restarted job: rewind the run at its first step
+            kwargs.update(resume_kwargs(context))
+            kwargs.pop("resume", None)
+            return cls.rewind(wandb, str(kwargs.pop("id")), **kwargs)
         return cls.start(wandb, **{**kwargs, **resume_kwargs(context)})
 
     @classmethod
@@ -144,7 +197,17 @@ class WandbSession(BridgeSession):
     ) -> WandbSession:
         """``module.init(**init_kwargs)`` and a session writing to the run it returned."""
         run = module.init(**init_kwargs)
-        return cls(module, run, backend=backend, monotonic_steps=monotonic_steps)
+        session = cls(module, run, backend=backend, monotonic_steps=monotonic_steps)
+        if init_kwargs.get("resume"):
+            # A resumed run continues at wandb's step (online: one past the last step it holds):
+            # what comes below it is counted as skipped, as wandb would drop it.
+            try:
+                current = int(getattr(run, "step", 0) or 0)
+            except (TypeError, ValueError):
+                current = 0
+            if current > 0:
+                session.high_step = current
+        return session
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -153,15 +216,24 @@ class WandbSession(BridgeSession):
             self._warned.add(what)
             logger.warning("otel-tracking: %s: " + message, self.backend, *args)
 
-    def log(self, data: Mapping[str, Any], step: int) -> bool:
+    def log(self, data: Mapping[str, Any], step: int, opens: bool = False) -> bool:
         """Hand ``data`` to wandb at ``step``.  False only when wandb failed (worth a retry); values
         it refuses for good (a step below one already logged, a value it cannot serialize) are
-        counted in ``skipped`` and do not make the call fail."""
+        counted in ``skipped`` and do not make the call fail.  ``opens``: a step record, which opens
+        a rewind that waits for its first step (anything else waits with it)."""
         if not data:
             return True
         with self._lock:
             if self.finished:
                 return False
+            if self._deferred is not None:
+                if not opens:
+                    self._pending.append((dict(data), step))
+                    return True
+                self._open_deferred(step)
+                pending, self._pending = self._pending, []
+                for earlier, at in pending:
+                    self.log(earlier, at)
             if self.high_step is not None and step < self.high_step and self._drops_backwards_steps():
                 # wandb would drop it with a warning: count it instead.
                 self.skipped += len(data)
@@ -191,7 +263,7 @@ class WandbSession(BridgeSession):
         data: dict[str, Any] = dict(record.scalars)
         for key, value in record.others.items():
             data.setdefault(key, value)
-        return self.log(data, record.step)
+        return self.log(data, record.step, opens=True)
 
     def write_timing(self, step: int, key: str, seconds: float) -> bool:
         return self.log({key: seconds}, step)
@@ -266,6 +338,10 @@ class WandbSession(BridgeSession):
                     self.backend,
                     self.skipped,
                 )
+            if self._deferred is not None:  # resumed, and nothing logged: end the run it resumed
+                kwargs = dict(self._deferred)
+                self._deferred = None
+                self._target = self.module.init(**kwargs, resume="allow")
             self._target.finish(exit_code=exit_code)
 
     def _resume(self) -> dict[str, Any] | None:
@@ -311,8 +387,9 @@ def _proxy(config: Any) -> str | None:
 
 
 def resume_kwargs(context: BridgeContext) -> dict[str, Any]:
-    """On replay (``context.resume`` from a spool header): reattach to the same run.  wandb still
-    ignores replayed data at steps below the run's current step."""
+    """On replay (``context.resume`` from a spool header), and for vemlp_wandb when a restarted job
+    resumes its run: reattach to the same run by id, with ``resume="allow"``.  wandb ignores data
+    at steps below the run's current step (a replay's, and a resumed run's overlapping steps)."""
     resume = context.resume or {}
     if not resume.get("id"):
         return {}

@@ -503,6 +503,8 @@ class RemoteSink(Sink):
         """The bridge opened after the start window: what it was sent meanwhile is delivered now."""
         self.where = info["where"]
         self.resume = info["resume"]
+        if self.on_resume is not None:
+            self.on_resume(self.name, self.resume)
         if self._spool is not None:  # replay of the link's spool reattaches to the same run
             self._spool.header["resume"] = info["resume"]
         if not (info["metrics"] or info["spans"] or info["logs"]):  # MLflow not reachable, after its attempts

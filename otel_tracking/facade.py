@@ -33,7 +33,7 @@ from otel_tracking.registry import (
 )
 from otel_tracking.rl_insight import RLInsightLogger
 from otel_tracking.run import Run
-from otel_tracking.settings import build_settings
+from otel_tracking.settings import Settings, build_settings
 
 logger = logging.getLogger("otel_tracking")
 
@@ -65,12 +65,19 @@ class Tracking:
         experiment_name: str,
         default_backend: str | list[str] = "console",
         config: Any = None,
+        resume: str | None = None,
     ) -> None:
+        """``resume``: ``"auto"``, ``"never"`` or a run id (default: ``OTEL_TRACKING_RESUME``, else
+        ``never``): continue the previous run of this project and experiment in every tracker (see
+        the README, "Resuming a run")."""
         self._run: Run | None = None
         self._finished = False
         names = _backend_names(default_backend)
         insight = "rl_insight" in names and RLInsightLogger.enabled()
-        settings = build_settings(str(project_name), str(experiment_name), tuple(names), force_otlp=insight)
+        settings = build_settings(
+            str(project_name), str(experiment_name), tuple(names), force_otlp=insight, resume=resume
+        )
+        _say_resume(settings)
         built: list[Sink] = []
         remote: dict[str, Sink] = {}
         try:
@@ -145,6 +152,25 @@ class Tracking:
     ) -> None:
         self.finish(exit_code=0 if exc_type is None else 1)
 
+
+def _say_resume(settings: Settings) -> None:
+    """One line on stderr when resuming was asked for: what was found, or that nothing was."""
+    if settings.resume == "never":
+        return
+    where = f"{settings.project}/{settings.experiment}"
+    if settings.resumed is None:
+        print(
+            f"otel-tracking: resume={settings.resume}: no earlier run of {where} found; starting a new run "
+            f"{settings.run_id}",
+            file=sys.stderr,
+        )
+        return
+    state = "finished" if settings.resumed.previous_state == "finished" else "not finished (killed?)"
+    print(
+        f"otel-tracking: resuming run {settings.run_id} of {where}, attempt {settings.attempt} "
+        f"(the previous attempt was {state})",
+        file=sys.stderr,
+    )
 
 
 def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:

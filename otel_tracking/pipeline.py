@@ -79,6 +79,8 @@ class Sink:
         self.where = where  # shown to the user at the end of a run: where this sink wrote
         self.inline = inline  # called on the caller's thread (file, console): on disk when log() returns
         self.resume = resume  # what replay needs to reattach to this backend's run (e.g. an MLflow run id)
+        # Told (name, resume) when a bridge opened after the run started: the run's reattach record.
+        self.on_resume: Callable[[str, dict[str, Any] | None], Any] | None = None
         self.policy = policy  # this sink's own retry policy, instead of the run's
         self._on_finish = on_finish
         self.stats = SinkStats()
@@ -112,6 +114,8 @@ class Sink:
             self._on_finish = parts.finish
             self.where = parts.where
             self.resume = parts.resume
+        if self.on_resume is not None:
+            self.on_resume(self.name, parts.resume)
         if self.worker is not None:
             if self.worker.spool is not None:  # replay reattaches to this run (if nothing was spooled yet)
                 self.worker.spool.header["resume"] = parts.resume

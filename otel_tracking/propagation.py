@@ -26,7 +26,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 
-IDENTITY_KEYS = ("ml.project", "ml.experiment", "ml.run.id")
+IDENTITY_KEYS = ("ml.project", "ml.experiment", "ml.run.id", "ml.run.attempt")  # attempt: only when > 1
 STEP_KEY = "ml.step"
 # The OTel specification's environment-variable carrier: upper-case names of the W3C fields.
 ENV_FIELDS = {"traceparent": "TRACEPARENT", "tracestate": "TRACESTATE", "baggage": "BAGGAGE"}

@@ -73,7 +73,8 @@ def build_sink(name: str, settings: Settings, config: Any, resume: Any = None) -
         from otel_tracking.exporters.file import FileLogExporter, FileMetricExporter, FileSink, FileSpanExporter
 
         assert settings.file_path is not None
-        files = FileSink(settings.file_path)
+        # A resumed run appends, after a line saying where the new attempt starts (exporters/file.py).
+        files = FileSink(settings.file_path, attempt=settings.attempt if settings.resumed is not None else None)
         files.open()  # fail now on an unwritable directory, as the reference did
         print(f"Creating file logger at {files.path.resolve()}")
         return Sink(
@@ -106,6 +107,10 @@ def open_bridge(name: str, settings: Settings, config: Any, resume: Any = None) 
     check_bridge(name, settings)
     from otel_tracking.exporters._base import BridgeContext
 
+    continuing = resume is None and settings.resumed is not None
+    if continuing:  # OTEL_TRACKING_RESUME found the previous attempt: reattach to its run of this tracker
+        assert settings.resumed is not None
+        resume = settings.resumed.backends.get(name)
     context = BridgeContext(
         project=settings.project,
         experiment=settings.experiment,
@@ -113,6 +118,8 @@ def open_bridge(name: str, settings: Settings, config: Any, resume: Any = None) 
         env=settings.env,
         run_id=settings.run_id,
         resume=resume,
+        attempt=settings.attempt,
+        continuing=continuing,
     )
     parts: BridgeParts = _bridge_module(name).open_bridge(context)
     return parts

@@ -43,7 +43,9 @@ def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None
     resume = header.get("resume") or {}
     if name in _OTLP and resume.get("protocol"):
         e.setdefault("OTEL_EXPORTER_OTLP_PROTOCOL", str(resume["protocol"]))
-    settings = build_settings(str(header["project"]), str(header["experiment"]), (), env=e, force_otlp=True)
+    settings = build_settings(
+        str(header["project"]), str(header["experiment"]), (), env=e, force_otlp=True, resume="never"
+    )
     if name in _OTLP:
         signal = _OTLP[name]
         remembered = {signal: str(resume["endpoint"])} if resume.get("endpoint") else None

@@ -41,6 +41,7 @@ from otel_tracking.otel_compat import LoggerProvider
 from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks, flush_sinks
 from otel_tracking.propagation import extract_env, has_span, step_from, with_identity
 from otel_tracking.redact import is_secret_key
+from otel_tracking.resume import RunRecord, record_name
 from otel_tracking.settings import Settings
 from otel_tracking.spans import STEP_SPAN_NAME
 from otel_tracking.steps import LatestValues, StepBatch
@@ -87,6 +88,7 @@ def build_resource(settings: Settings) -> Resource:
             "ml.project": settings.project,
             "ml.experiment": settings.experiment,
             "ml.run.id": settings.run_id,
+            "ml.run.attempt": settings.attempt,
             "host.name": settings.host,
             "process.pid": os.getpid(),
         }
@@ -110,10 +112,38 @@ def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
         "run_id": settings.run_id,
         "resume": sink.resume,
         "pid": pid,
+        "attempt": settings.attempt,
     }
     # Ranks of one job share a run id, and each has its own tracker runs: a file (and a header) each.
     name = sink.name if settings.rank is None else f"{sink.name}.rank{settings.rank}"
+    # A resumed run has the run id, so the spool directory, of the attempt before it, whose spool
+    # may wait there for replay: each attempt writes files of its own.
+    if settings.attempt > 1:
+        name = f"{name}.attempt{settings.attempt}"
     return Spool(settings.spool_dir / f"{name}.jsonl", header)
+
+
+def start_record(settings: Settings, sinks: Sequence[Sink]) -> RunRecord:
+    """The reattach record of this attempt (``resume.py``), written now and whenever a tracker
+    opens: a job killed at any point after ``Tracking()`` leaves one that a restart can use."""
+    previous = settings.resumed.backends if settings.resumed is not None else None
+    record = RunRecord(
+        settings.spool_dir / record_name(settings.rank),
+        settings.project,
+        settings.experiment,
+        settings.run_id,
+        settings.attempt,
+        settings.rank,
+        previous,
+    )
+    if not record.write():
+        logger.warning(
+            "otel-tracking: cannot write %s; a restarted job will not be able to resume this run", record.path
+        )
+    for sink in sinks:
+        record.set_backend(sink.name, sink.resume)
+        sink.on_resume = record.set_backend
+    return record
 
 
 class Run:
@@ -137,6 +167,8 @@ class Run:
             "ml.experiment": settings.experiment,
             "ml.run.id": settings.run_id,
         }
+        if settings.attempt > 1:  # workers' resources say the attempt too (a fresh run's baggage is unchanged)
+            self.identity["ml.run.attempt"] = str(settings.attempt)
         self.pid = os.getpid()
         self.resource = build_resource(settings)
         self.sinks = list(sinks)
@@ -156,6 +188,9 @@ class Run:
         self.observability_sinks = [*otlp_sinks.values(), *periodic_sinks]
         for sink in self.all_sinks:
             sink.start(sink_spool(sink, settings, self.pid), sink.policy or settings.delivery)
+        self.record: RunRecord | None = None
+        if driver:  # what a restarted job needs to continue this run (OTEL_TRACKING_RESUME)
+            self.record = start_record(settings, self.sinks)
 
         metric_sinks = [s for s in (otlp_sinks.get("metrics"), *periodic_sinks) if s is not None]
         self._latest = LatestValues() if metric_sinks else None
@@ -296,6 +331,10 @@ class Run:
             except Exception:
                 logger.exception("otel-tracking: flushing %s failed", type(provider).__name__)
         finish_sinks(self.all_sinks, exit_code, deadline)
+        if self.record is not None:
+            for sink in self.sinks:  # a tracker that opened late said how to reattach by now
+                self.record.set_backend(sink.name, sink.resume)
+            self.record.finished(exit_code)
         return self.stats()
 
     def flush(self, timeout_s: float = 30.0) -> bool:

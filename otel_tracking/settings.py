@@ -21,6 +21,7 @@ from opentelemetry.util.re import parse_env_headers
 
 from otel_tracking.delivery import Policy
 from otel_tracking.redact import redact_header_values
+from otel_tracking.resume import NEVER, Resumed, parse_mode
 
 # The OTel exporter names we understand in OTEL_*_EXPORTER besides our own backends.
 OTLP_NAMES = ("otlp", "otlp_proto_http", "otlp_proto_grpc")
@@ -122,6 +123,9 @@ class Settings:
     file_path: Path | None = None
     tensorboard_dir: Path | None = None
     role: str | None = None  # ml.role: what this process does in the job (driver, actor, rollout, ...)
+    resume: str = NEVER  # OTEL_TRACKING_RESUME: never, auto or a run id (resume.py)
+    attempt: int = 1  # ml.run.attempt: 1 for a new run, one more for each resume
+    resumed: Resumed | None = None  # the previous attempt's record, when resuming found one
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -131,8 +135,13 @@ def build_settings(
     backends: tuple[str, ...],
     env: Mapping[str, str] | None = None,
     force_otlp: bool = False,
+    resume: str | None = None,
 ) -> Settings:
     """Combine the facade's arguments with the environment.
+
+    ``resume`` (else OTEL_TRACKING_RESUME, default ``never``): ``auto`` or a run id looks up the
+    previous attempt's reattach record (``resume.py``); found, the run id is the record's and the
+    attempt one more than its.
 
     ``backends`` are the facade's ``default_backend`` names (already validated).  OTLP is on for a
     signal when OTEL_<SIGNAL>_EXPORTER names ``otlp``, or, when that variable is unset, when an
@@ -179,7 +188,19 @@ def build_settings(
         selected = dict.fromkeys(selected, False)
         extras = dict.fromkeys(extras, ())
 
-    run_id = e.get("OTEL_TRACKING_RUN_ID") or uuid.uuid4().hex
+    try:
+        mode = parse_mode(resume if resume is not None else e.get("OTEL_TRACKING_RESUME"))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    explicit_id = e.get("OTEL_TRACKING_RUN_ID") or None
+    if mode not in (NEVER, "auto"):  # a run id: resume that run
+        if explicit_id and explicit_id != mode:
+            raise ConfigError(
+                f"OTEL_TRACKING_RESUME={mode!r} and OTEL_TRACKING_RUN_ID={explicit_id!r} name different runs"
+            )
+        explicit_id = mode
+    resumed = _find_resumed(project, experiment, mode, explicit_id, _rank(e), e)
+    run_id = resumed.run_id if resumed else (explicit_id or uuid.uuid4().hex)
     policy = Policy(
         queue_size=int(_number(e, "OTEL_TRACKING_QUEUE_SIZE", Policy.queue_size, minimum=1)),
         max_attempts=int(_number(e, "OTEL_TRACKING_MAX_ATTEMPTS", Policy.max_attempts, minimum=1)),
@@ -226,8 +247,25 @@ def build_settings(
         file_path=file_sink_path(project, experiment, e),
         tensorboard_dir=tensorboard_dir(project, experiment, e),
         role=e.get("OTEL_TRACKING_ROLE") or None,
+        resume=mode,
+        attempt=resumed.attempt if resumed else 1,
+        resumed=resumed,
         env=e,
     )
+
+
+def _find_resumed(
+    project: str, experiment: str, mode: str, run_id: str | None, rank: int | None, env: Mapping[str, str]
+) -> Resumed | None:
+    """The previous attempt's record: for ``auto`` with OTEL_TRACKING_RUN_ID set, that run's."""
+    from otel_tracking import resume
+
+    if mode == NEVER:
+        return None
+    target = run_id if run_id else resume.AUTO
+    project_dir = spool_dir(project, experiment, "x", env).parent
+    experiment_dirname = spool_dir(project, experiment, "x", env).name[: -len("-x")]
+    return resume.find(project_dir, experiment_dirname, project, experiment, rank, target)
 
 
 _SIGNALS = ("TRACES", "METRICS", "LOGS")
@@ -339,7 +377,11 @@ def build_worker_settings(
         (),
         env=e,
         force_otlp=force_otlp,
+        resume=NEVER,  # a worker joins the driver's attempt; it never looks for records of its own
     )
+    attempt = identity.get("ml.run.attempt") or attributes.get("ml.run.attempt")
+    if attempt and str(attempt).isdigit() and int(attempt) > 1:
+        settings = replace(settings, attempt=int(attempt))
     if "OTEL_BSP_SCHEDULE_DELAY" not in e:
         # Workers open spans by the hundred a second: one OTLP request each would cost a third of
         # a core (bench/bench_workers.py); batched every 100 ms, ~6%.

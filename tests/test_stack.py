@@ -187,6 +187,7 @@ def test_trace_reaches_jaeger_with_links_and_attributes(sent: Stack) -> None:
     proc_tags = {t["key"]: t["value"] for t in process["tags"]}
     for key in ("ml.project", "ml.experiment", "ml.run.id"):
         assert proc_tags[key] == RESOURCE_ATTRS[key]
+    assert proc_tags["ml.run.attempt"] == 1  # a resumed run's spans say their attempt (README, Resuming a run)
 
 
 def _tag(span: dict[str, Any], key: str) -> Any:
@@ -206,6 +207,7 @@ def test_gauges_reach_prometheus_with_resource_labels(sent: Stack) -> None:
     assert labels["ml_project"] == RESOURCE_ATTRS["ml.project"]
     assert labels["ml_experiment"] == RESOURCE_ATTRS["ml.experiment"]
     assert labels["ml_run_id"] == RUN_ID
+    assert labels["ml_run_attempt"] == "1"  # attempts of a resumed run are separate series
     assert result[0]["value"][1] == "0.8125"
     step = poll(
         lambda: [r for r in sent.prom_query(f'train_step{{ml_run_id="{RUN_ID}"}}') if r["value"][1] == str(STEP)],

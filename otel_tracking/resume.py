@@ -1,0 +1,191 @@
+"""The reattach record: what a restarted job needs to continue the same run in every tracker.
+
+A driver run keeps one small JSON file beside its spool, keyed by project, experiment and run id::
+
+    <spool root>/<project>/<experiment>-<run id>/run.json        (run.rank<r>.json with RANK set)
+
+    {"project": ..., "experiment": ..., "run_id": ..., "rank": ..., "attempt": 2,
+     "state": "running" | "finished", "exit_code": ..., "updated": <unix time>,
+     "backends": {"wandb": {"id": ..., "project": ..., "entity": ...}, "mlflow": {"run_id": ...}, ...}}
+
+It is rewritten (a temporary file, fsync, ``os.replace``: never half-written) when the run starts,
+each time a tracker opens and says how to reattach to its run, and at ``finish()``, so a job
+killed with SIGKILL leaves a record that names every tracker run it had opened.
+
+``OTEL_TRACKING_RESUME`` (or ``Tracking(..., resume=...)``):
+
+* ``never`` (the default): a new run, a new record;
+* ``auto``: the newest record of the same project and experiment (and rank), finished or not;
+* ``<run id>``: that run's record.
+
+A resume that finds no record starts a new run (with the given run id, if one was given) and says
+so in one line on stderr.  Found: the run id is kept, ``ml.run.attempt`` is the record's plus one,
+and each tracker is opened with what its record entry says (``BridgeContext.resume``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+NEVER = "never"
+AUTO = "auto"
+_RUN_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+
+def parse_mode(raw: str | None, variable: str = "OTEL_TRACKING_RESUME") -> str:
+    """``never``, ``auto`` or a run id; ``ValueError`` naming ``variable`` for anything else."""
+    value = (raw or "").strip()
+    lowered = value.lower()
+    if lowered in ("", NEVER, "false", "no", "0", "off"):
+        return NEVER
+    if lowered in (AUTO, "true", "yes", "1", "on", "allow"):
+        return AUTO
+    if not _RUN_ID.match(value):
+        raise ValueError(f"{variable}={raw!r} is not 'auto', 'never' or a run id (letters, digits, '_', '.', '-')")
+    return value
+
+
+def record_name(rank: int | None) -> str:
+    return "run.json" if rank is None else f"run.rank{rank}.json"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resumed run starts from: the previous attempt's record."""
+
+    run_id: str
+    attempt: int  # this attempt's number: the record's plus one
+    backends: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # backend name -> reattach info
+    previous_state: str = "running"  # "running": the previous attempt never finished (killed)
+    path: Path | None = None
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("run_id") else None
+
+
+def find(
+    project_dir: Path, experiment_dirname: str, project: str, experiment: str, rank: int | None, mode: str
+) -> Resumed | None:
+    """The record to resume from: for ``auto`` the newest one of this project, experiment and rank
+    (under ``project_dir``, in directories ``<experiment_dirname>-<run id>``); for a run id, that
+    run's; None when there is none."""
+    if mode == NEVER:
+        return None
+    name = record_name(rank)
+    if mode == AUTO:
+        candidates = sorted(project_dir.glob(f"{glob_escape(experiment_dirname)}-*/{name}"))
+    else:
+        candidates = [project_dir / f"{experiment_dirname}-{mode}" / name]
+    best: tuple[float, dict[str, Any], Path] | None = None
+    for path in candidates:
+        record = _load(path)
+        if record is None or record.get("project") != project or record.get("experiment") != experiment:
+            continue  # another experiment whose name starts the same way ("exp" and "exp-2")
+        if path.parent.name != f"{experiment_dirname}-{record['run_id']}":
+            continue
+        updated = float(record.get("updated") or 0.0)
+        if best is None or updated > best[0]:
+            best = (updated, record, path)
+    if best is None:
+        return None
+    _, record, path = best
+    raw = record.get("backends")
+    backends: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    return Resumed(
+        run_id=str(record["run_id"]),
+        attempt=int(record.get("attempt") or 1) + 1,
+        backends={str(k): dict(v) for k, v in backends.items() if isinstance(v, dict)},
+        previous_state=str(record.get("state") or "running"),
+        path=path,
+    )
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+class RunRecord:
+    """The record of the running attempt, rewritten atomically on every change."""
+
+    def __init__(
+        self,
+        path: Path,
+        project: str,
+        experiment: str,
+        run_id: str,
+        attempt: int,
+        rank: int | None,
+        backends: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._record: dict[str, Any] = {
+            "project": project,
+            "experiment": experiment,
+            "run_id": run_id,
+            "rank": rank,
+            "attempt": attempt,
+            "state": "running",
+            "exit_code": None,
+            # What the previous attempt knew stays until this attempt's tracker says otherwise:
+            # a tracker that does not open this time can still be reattached by the next one.
+            "backends": {k: dict(v) for k, v in (backends or {}).items()},
+        }
+
+    @property
+    def backends(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {k: dict(v) for k, v in self._record["backends"].items()}
+
+    def write(self) -> bool:
+        """Write the record now; False (and a warning left to the caller) when it cannot be written."""
+        with self._lock:
+            self._record["updated"] = time.time()
+            text = json.dumps(self._record, default=str, sort_keys=True)
+            return _write_atomically(self.path, text)
+
+    def set_backend(self, name: str, info: Mapping[str, Any] | None) -> bool:
+        if not info:
+            return True
+        with self._lock:
+            if self._record["backends"].get(name) == dict(info):
+                return True
+            self._record["backends"][name] = dict(info)
+        return self.write()
+
+    def finished(self, exit_code: int) -> bool:
+        with self._lock:
+            self._record["state"] = "finished"
+            self._record["exit_code"] = exit_code
+        return self.write()
+
+
+def _write_atomically(path: Path, text: str) -> bool:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return False
