@@ -33,10 +33,15 @@ TRAINING = textwrap.dedent(
     from otel_tracking import Tracking, trace_state
 
     t = Tracking("chaos", "run", default_backend=["file", "mlflow", "tensorboard"])
-    print("bridge", t.logger["mlflow"].link.process.pid, flush=True)
+    link = t.logger["mlflow"].link
+    print("bridge", link.process.pid, flush=True)
     for step in range(int(sys.argv[1])):
         with trace_state("rollout", step=step):
             t.log({"loss": 1.0 / (step + 1), "x": float(step)}, step)
+        # "handed": the step left this process (written to the pipe). A SIGKILL loses what is still
+        # in its memory, so the check holds the trackers to the steps handed over before the kill.
+        while link._queue.unfinished_tasks:
+            time.sleep(0.001)
         print("logged", step, flush=True)
         time.sleep(0.01)
     t.finish()
@@ -117,17 +122,25 @@ def run_once(seed: int, root: Path) -> dict[str, Any]:
         text=True,
         timeout=300,
     )
-    return {"seed": seed, "victim": victim, "kill_after": kill_after, **check(root, env), "replay": replay.returncode}
+    # A killed training process had handed over the steps up to kill_after (and maybe more); a
+    # killed bridge process leaves the training process alive to spool everything it logged.
+    handed = kill_after if victim == "training" else None
+    result = check(root, env, handed)
+    return {"seed": seed, "victim": victim, "kill_after": kill_after, **result, "replay": replay.returncode}
 
 
-def check(root: Path, env: dict[str, str]) -> dict[str, Any]:
-    """What the backends hold, against the steps whose log() returned (the file sink's)."""
+def check(root: Path, env: dict[str, str], handed: int | None = None) -> dict[str, Any]:
+    """What the backends hold, against the steps whose log() returned (the file sink's), or only
+    those up to ``handed`` (the steps the killed training process had handed over)."""
     from mlflow import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     lines = (root / "chaos" / "run.jsonl").read_text().splitlines()
     steps = [json.loads(line)["step"] for line in lines]
     assert steps == list(range(len(steps))), "the file sink holds every step whose log() returned"
+    if handed is not None:
+        assert len(steps) > handed, "the file sink holds every step handed over"
+        steps = steps[: handed + 1]
 
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     (experiment,) = [e for e in client.search_experiments() if e.name == "chaos"]
