@@ -70,6 +70,9 @@ class BridgeContext:
     experiment: str
     config: Any = None
     env: Mapping[str, str] = field(default_factory=dict)
+    # Config values the bridge uses as they are (``registry.bridge_inputs``: ``wandb_proxy``),
+    # never to be recorded: ``config`` has them redacted.
+    inputs: Mapping[str, str] = field(default_factory=dict)
     run_id: str | None = None
     resume: Mapping[str, Any] | None = None  # from a spool header, on replay: reattach to that run
 
