@@ -297,9 +297,13 @@ class ScrubFilter(logging.Filter):
         return True
 
 
-def install_log_filter(logger: logging.Logger) -> None:
+def scrubbed_logger(name: str = "otel_tracking") -> logging.Logger:
+    """``logging.getLogger(name)`` with a :class:`ScrubFilter` on it.  A logger's filters do not
+    see its children's records: each logger of ours gets its own."""
+    logger = logging.getLogger(name)
     if not any(isinstance(f, ScrubFilter) for f in logger.filters):
         logger.addFilter(ScrubFilter())
+    return logger
 
 
-install_log_filter(logging.getLogger("otel_tracking"))
+scrubbed_logger("otel_tracking")  # every module's logger (imported wherever a run is)
