@@ -135,7 +135,10 @@ def _spell(words: list[str], style: str) -> str:
 
 
 _STYLES = st.sampled_from(["snake", "upper", "dotted", "kebab", "camel"])
-ordinary_keys = st.builds(_spell, st.lists(_WORDS, min_size=1, max_size=4), _STYLES)
+ordinary_keys = st.one_of(
+    st.builds(_spell, st.lists(_WORDS, min_size=1, max_size=4), _STYLES),
+    st.builds(lambda key, style: _spell(key.split("_"), style), st.sampled_from(list(TOKENIZER)), _STYLES),
+)
 secret_keys = st.builds(
     lambda prefix, cred, style: _spell(prefix + cred, style), st.lists(_WORDS, max_size=2), _CREDENTIAL_WORDS, _STYLES
 )
@@ -315,7 +318,7 @@ def plant(backends: list[str]) -> tuple[dict[str, str], dict[str, Any], dict[str
         "generation": f"call the search tool with key hf_{m['generation']}abcdefgh",
     }
     env = {
-        "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer%20{m['header']}",
+        "OTEL_EXPORTER_OTLP_HEADERS": f"x-api-key={m['header']}",
         "OTEL_RESOURCE_ATTRIBUTES": f"api_key={m['resource_key']},proxy=http://u:{m['resource_url']}@h:1,team=rl",
     }
     return m, plan, env
@@ -385,7 +388,9 @@ def test_a_planted_secret_appears_nowhere(
     markers, plan, env = plant(BACKENDS)
     caplog.set_level(logging.DEBUG)
     with HttpReceiver() as receiver:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        # Credentials in the endpoint: sent (as basic auth), never shown.
+        endpoint = receiver.endpoint.replace("://", f"://otlpuser:{markers['endpoint']}@")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         tracking = Tracking(f"secrets-{isolated.name}", "run", default_backend=BACKENDS, config=plan["config"])
@@ -395,13 +400,16 @@ def test_a_planted_secret_appears_nowhere(
         with pytest.raises(ConnectionError), trace_state("upload", step=3):
             raise ConnectionError(plan["error"])
         ValidationGenerationsLogger().log(BACKENDS, [(plan["generation"], "a", 1.0)], 3)
+        found = leaks(markers, "where", json.dumps(tracking.where()))
         stats = tracking.finish()
         assert all(counts["dropped"] == 0 for counts in stats.values()), stats
-        # The header was sent where it belongs...
-        assert any(h.get("authorization") == f"Bearer {markers['header']}" for h in receiver.received.headers)
+        # The header and the endpoint's credentials were sent where they belong...
+        assert any(h.get("x-api-key") == markers["header"] for h in receiver.received.headers)
+        basic = base64.b64encode(f"otlpuser:{markers['endpoint']}".encode()).decode()
+        assert any(h.get("authorization") == f"Basic {basic}" for h in receiver.received.headers)
         # ...and is in nothing that was recorded.
         assert receiver.received.spans() and list(receiver.received.gauge_points()) and receiver.received.logs
-        found = received_leaks(markers, receiver)
+        found += received_leaks(markers, receiver)
     found += written_leaks(markers, isolated, trackio_dir)
     out, err = capsys.readouterr()
     found += leaks(markers, "stdout", out) + leaks(markers, "stderr", err)
@@ -463,7 +471,7 @@ def test_a_planted_secret_appears_nowhere_in_a_training_process_of_its_own(tmp_p
         stats = json.loads(done.stdout.strip().splitlines()[-1])
         assert set(stats) >= set(backends), stats
         assert all(c["dropped"] == c["spooled"] == c["failed"] == 0 for c in stats.values()), stats
-        assert any(h.get("authorization") == f"Bearer {markers['header']}" for h in receiver.received.headers)
+        assert any(h.get("x-api-key") == markers["header"] for h in receiver.received.headers)
         spans = receiver.received.spans()
         found = received_leaks(markers, receiver)
     # What was captured holds the bridge process's log records too (two pids), and its wandb's.
@@ -503,10 +511,12 @@ def test_the_first_export_failure_says_why_once_without_credentials(caplog: pyte
 
     exporter = BridgeMetricExporter(Refusing())
     record = StepRecord(step=1, scalars={"loss": 1.0})
-    with caplog.at_level(logging.WARNING, logger="otel_tracking"):
+    with caplog.at_level(logging.DEBUG, logger="otel_tracking"):
         for _ in range(3):
             assert exporter.export_records([record]).name == "FAILURE"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "ConnectionError: POST https://<redacted>@tracker.example/api refused" in warnings[0]
+    # The DEBUG records' tracebacks quote the message too: scrubbed as well.
+    assert any(r.exc_info for r in caplog.records) and "Traceback" in caplog.text
     assert "s3cret" not in caplog.text and "alice" not in caplog.text
