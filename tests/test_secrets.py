@@ -520,3 +520,21 @@ def test_the_first_export_failure_says_why_once_without_credentials(caplog: pyte
     # The DEBUG records' tracebacks quote the message too: scrubbed as well.
     assert any(r.exc_info for r in caplog.records) and "Traceback" in caplog.text
     assert "s3cret" not in caplog.text and "alice" not in caplog.text
+
+
+@pytest.mark.backend
+def test_a_trackers_own_error_quoting_its_credentials_is_scrubbed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """MLflow's error names the URL it failed on, password and all; the bridge's logger (a child
+    of ``otel_tracking``, so it needs a filter of its own) prints it scrubbed."""
+    from otel_tracking.exporters import mlflow as bridge
+    from otel_tracking.exporters._base import BridgeContext
+
+    marker = "Zq" + random_secrets.token_hex(12)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    env = {"MLFLOW_TRACKING_URI": f"http://mluser:{marker}@127.0.0.1:1"}  # nothing listens on port 1
+    with caplog.at_level(logging.DEBUG):
+        assert bridge.MlflowSession.open(BridgeContext("p", "e", env=env), attempts=1, retry_sleep_s=0) is None
+    assert "attempt 1/1 failed: API request to http://<redacted>@127.0.0.1:1/" in caplog.text
+    assert marker not in caplog.text and "mluser" not in caplog.text
