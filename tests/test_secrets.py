@@ -175,6 +175,7 @@ _BREAK = st.sampled_from([" ", "\n", ",", ";", ":", "(", ")", "[", "]", '"', "'"
 before_text = st.builds(lambda words, end: words + end if words else "", st.text(" abcxyz,;:", max_size=8), _BREAK)
 after_text = st.builds(lambda start, words: start + words if words else "", _BREAK, st.text(" abcxyz,;:", max_size=8))
 
+_NAME_WORDS = ["mask", "task", "risk", "rcnn", "resnet50", "fpn", "coco", "graph", "ppo", "grpo", "v2"]
 ordinary_values = st.one_of(
     st.floats(allow_nan=False),
     st.integers(),
@@ -183,6 +184,8 @@ ordinary_values = st.one_of(
     st.text(_ALNUM + "_-./", max_size=30),
     st.sampled_from(list(TOKENIZER.values())),
     st.sampled_from(["Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B-Instruct", "deepseek-ai/DeepSeek-R1", "gpt2"]),
+    # run and model names whose words end in a key prefix: "mask-rcnn-..." holds "sk-", "graph_..." "h_"
+    st.builds("-".join, st.lists(st.sampled_from(_NAME_WORDS), min_size=2, max_size=6)),
     st.builds(
         lambda host, port, path: f"https://{host}:{port}/{path}",
         st.text("abcdefghij.", min_size=1, max_size=12).filter(lambda h: not h.startswith(".")),
