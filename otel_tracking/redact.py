@@ -45,7 +45,8 @@ group instead of the secret (``GitHubTokenDetector`` yields ``"ghp"``), so redac
 need patterns of our own.  The patterns here follow those plugins, widened for newer formats.
 
 **Where it applies**: the config every backend gets (``redact_config``); ``log()`` values that
-are not numbers (strings, lists, dicts); ``trace_state`` labels; exception messages and
+are not numbers (strings, however nested, by value only: ``log()`` keys name metrics, not
+settings); ``trace_state`` labels; exception messages and
 tracebacks recorded on spans; event bodies and attributes (validation generations included: they
 are model text, but an agent's prompt can carry a tool's key; scanning costs 5-10 ms per 100 kB
 of text that has an ``@`` or ``=`` in it, less without, once per validation step); resource
@@ -263,6 +264,22 @@ def redact(value: Any) -> Any:
         return [redact(v) for v in value]
     if isinstance(value, tuple):
         return tuple(redact(v) for v in value)
+    return value
+
+
+def scrub_strings(value: Any) -> Any:
+    """``value`` with every string in it (in dicts, lists and tuples, however nested) scrubbed by
+    value; keys are not looked at and other objects are returned as they are.  For ``log()``
+    data: its keys name metrics and table columns, and its values must land as the ``log()``
+    rules say (an array stays an array), credentials cut out."""
+    if isinstance(value, str):
+        return scrub_value(value)
+    if isinstance(value, dict):
+        return {k: scrub_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub_strings(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(scrub_strings(v) for v in value)
     return value
 
 

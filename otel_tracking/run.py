@@ -40,7 +40,7 @@ from otel_tracking.delivery import Spool
 from otel_tracking.ids import ID_GENERATOR
 from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks, flush_sinks
 from otel_tracking.propagation import extract_env, has_span, step_from, with_identity
-from otel_tracking.redact import is_secret_key, redact, redact_attributes
+from otel_tracking.redact import is_secret_key, redact, redact_attributes, scrub_strings
 from otel_tracking.settings import Settings
 from otel_tracking.spans import STEP_SPAN_NAME
 from otel_tracking.steps import LatestValues, StepBatch
@@ -242,8 +242,8 @@ class Run:
         scalars, others = split_values(data)
         if self.finished:
             return
-        if others:  # strings, lists, dicts: scanned for credentials (numbers never are)
-            others = redact_attributes(others)
+        if others:  # strings, however nested, scanned for credentials (numbers never are)
+            others = scrub_strings(others)
         if self.pid != os.getpid():  # a forked child must not re-export its parent's run
             _warn_forked_once()
             return
