@@ -79,6 +79,9 @@ class BridgeContext:
     experiment: str
     config: Any = None
     env: Mapping[str, str] = field(default_factory=dict)
+    # Config values the bridge uses as they are (``registry.bridge_inputs``: ``wandb_proxy``),
+    # never to be recorded: ``config`` has them redacted.
+    inputs: Mapping[str, str] = field(default_factory=dict)
     run_id: str | None = None
     # What to reattach to: from a spool header (replay), or from the previous attempt's record when a
     # resumed Tracking opens the tracker again (then ``continuing`` is True, even when the record has

@@ -34,7 +34,6 @@ What lands where:
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import threading
@@ -54,8 +53,9 @@ from otel_tracking.exporters._base import (
     sample_parts,
 )
 from otel_tracking.generations import GENERATIONS_EVENT
+from otel_tracking.redact import scrubbed_logger
 
-logger = logging.getLogger("otel_tracking.clearml")
+logger = scrubbed_logger("otel_tracking.clearml")
 
 TABLE_TITLE = "Validation"
 TABLE_SERIES = "Validation generations"

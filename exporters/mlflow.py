@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import logging
 import os
 import re
 import tempfile
@@ -70,9 +69,10 @@ from otel_tracking.exporters._base import (
     span_timing,
 )
 from otel_tracking.generations import GENERATIONS_EVENT
+from otel_tracking.redact import scrubbed_logger
 from otel_tracking.settings import ConfigError
 
-logger = logging.getLogger("otel_tracking.mlflow")
+logger = scrubbed_logger("otel_tracking.mlflow")
 
 DEFAULT_TRACKING_URI = "sqlite:////tmp/mlruns.db"
 INIT_ATTEMPTS = 3

@@ -27,7 +27,6 @@ Differences from the reference, on purpose:
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,8 +44,9 @@ from otel_tracking.exporters._base import (
     sample_parts,
 )
 from otel_tracking.generations import GENERATIONS_EVENT
+from otel_tracking.redact import scrubbed_logger
 
-logger = logging.getLogger("otel_tracking.swanlab")
+logger = scrubbed_logger("otel_tracking.swanlab")
 
 GENERATIONS_KEY = "val/generations"
 GENERATIONS_HEADERS = ["step", "input", "output", "score"]

@@ -28,7 +28,6 @@ to Trackio if Trackio is not imported yet, and warns (and reports the real direc
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -47,8 +46,9 @@ from otel_tracking.exporters._base import (
     bridge_parts,
 )
 from otel_tracking.generations import GENERATIONS_EVENT
+from otel_tracking.redact import scrubbed_logger
 
-logger = logging.getLogger("otel_tracking.exporters.trackio")
+logger = scrubbed_logger("otel_tracking.exporters.trackio")
 
 GENERATIONS_KEY = "val/generations"
 # How long finish() waits, beyond Trackio's own 30 s, for its sender thread before writing inline.

@@ -175,7 +175,8 @@ class WandbSession(BridgeSession):
     def open(cls, context: BridgeContext) -> WandbSession:
         import wandb
 
-        proxy = _proxy(context.config)
+        # The real proxy URL (credentials and all) from inputs; the recorded config has it redacted.
+        proxy = context.inputs.get("wandb_proxy") or _proxy(context.config)
         settings = wandb.Settings(https_proxy=proxy) if proxy else None
         kwargs: dict[str, Any] = {
             "project": context.project,

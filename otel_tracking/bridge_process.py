@@ -55,7 +55,8 @@ from typing import Any
 from otel_tracking.codec import decode_logs, decode_spans, encode_logs, encode_spans
 from otel_tracking.delivery import Policy, Spool, set_aside, wait_handled
 from otel_tracking.pipeline import Sink, finish_sinks, flush_sinks
-from otel_tracking.redact import redact_config
+from otel_tracking.redact import redact_config, scrub_text
+from otel_tracking.registry import bridge_inputs
 from otel_tracking.settings import ConfigError, Settings
 from otel_tracking.steps import StepBatch
 from otel_tracking.values import decode_others, encode_others
@@ -160,7 +161,16 @@ class BridgeProcess:
         background (one warning names it) and its items wait for it in the child."""
         settings = replace(self.settings, env=dict(self.settings.env))
         # sys.argv too: trackers record the training script (MLflow's source tags).
-        opening = ("open", settings, _picklable(redact_config(config)), list(names), list(sys.argv))
+        # The config redacted, with what the bridges use as is (wandb's proxy) beside it; argv
+        # scrubbed (trackers record it; Hydra overrides can carry a token).
+        opening = (
+            "open",
+            settings,
+            _picklable(redact_config(config)),
+            bridge_inputs(config),
+            list(names),
+            [scrub_text(arg) for arg in sys.argv],
+        )
         self._send(opening)
         self._reader = threading.Thread(target=self._read_loop, name="otel-tracking-bridges-acks", daemon=True)
         self._reader.start()
@@ -633,7 +643,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
         os.nice(_NICE)
     replies = _Outbox(outbox)
     try:
-        _, settings, config, names, argv = pickle.loads(inbox.recv_bytes())
+        _, settings, config, inputs, names, argv = pickle.loads(inbox.recv_bytes())
     except (OSError, EOFError):
         return 1  # the training process died before it asked for anything
     sys.argv = argv
@@ -645,7 +655,9 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     replies.start()
     for sink in sinks.values():
         opener = threading.Thread(
-            target=_open_bridge, args=(sink, settings, config, replies), name=f"otel-tracking-open-{sink.name}"
+            target=_open_bridge,
+            args=(sink, settings, config, inputs, replies),
+            name=f"otel-tracking-open-{sink.name}",
         )
         opener.daemon = True  # an open stuck on a hung server must not keep the process alive
         opener.start()
@@ -665,7 +677,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     return 1
 
 
-def _open_bridge(sink: Sink, settings: Settings, config: Any, replies: _Outbox) -> None:
+def _open_bridge(sink: Sink, settings: Settings, config: Any, inputs: dict[str, str], replies: _Outbox) -> None:
     """Open one tracker (a slow or hung one delays no other) and tell the training process how
     it went; its held items are then delivered in order, or spooled if it failed."""
     from otel_tracking.registry import import_sdk, open_checked_bridge
@@ -673,7 +685,7 @@ def _open_bridge(sink: Sink, settings: Settings, config: Any, replies: _Outbox) 
     try:
         with _IMPORTING:
             import_sdk(sink.name)
-        parts = open_checked_bridge(sink.name, settings, config)
+        parts = open_checked_bridge(sink.name, settings, config, inputs)
     except BaseException as error:  # the top of this thread: every error is the bridge's outcome
         sink.give_up()
         kind = type(error)

@@ -100,8 +100,29 @@ def build_checked_sink(name: str, settings: Settings, config: Any, resume: Any =
         return build_sink(name, settings, config, resume)
 
 
-def open_bridge(name: str, settings: Settings, config: Any, resume: Any = None) -> BridgeParts:
-    """Open one tracker's run (this may take long: imports, a server); its exporters."""
+def bridge_inputs(config: Any) -> dict[str, str]:
+    """The config values a bridge *uses* rather than records, taken before redaction: today
+    ``trainer.wandb_proxy`` (wandb must reach its proxy with the credentials in its URL, while
+    the config it records says ``http://<redacted>@proxy:8080``).  Never logged or recorded."""
+    inputs: dict[str, str] = {}
+    trainer = config.get("trainer") if isinstance(config, Mapping) or _mapping_like(config) else None
+    if isinstance(trainer, Mapping) or _mapping_like(trainer):
+        proxy = trainer.get("wandb_proxy")  # type: ignore[union-attr]
+        if proxy:
+            inputs["wandb_proxy"] = str(proxy)
+    return inputs
+
+
+def _mapping_like(value: Any) -> bool:
+    # OmegaConf's DictConfig: get() and items(), no Mapping subclass.
+    return hasattr(value, "get") and hasattr(value, "items") and not isinstance(value, (str, bytes))
+
+
+def open_bridge(
+    name: str, settings: Settings, config: Any, resume: Any = None, inputs: Mapping[str, str] | None = None
+) -> BridgeParts:
+    """Open one tracker's run (this may take long: imports, a server); its exporters.  ``inputs``
+    are :func:`bridge_inputs` when ``config`` is already redacted (in the bridge process)."""
     if name not in _BRIDGES:
         raise ConfigError(f"{name!r} is not a backend; supported: {', '.join(SUPPORTED_BACKENDS)}")
     check_bridge(name, settings)
@@ -115,6 +136,7 @@ def open_bridge(name: str, settings: Settings, config: Any, resume: Any = None) 
         project=settings.project,
         experiment=settings.experiment,
         config=redact_config(config),
+        inputs=bridge_inputs(config) if inputs is None else dict(inputs),
         env=settings.env,
         run_id=settings.run_id,
         resume=resume,
@@ -125,10 +147,12 @@ def open_bridge(name: str, settings: Settings, config: Any, resume: Any = None) 
     return parts
 
 
-def open_checked_bridge(name: str, settings: Settings, config: Any) -> BridgeParts:
+def open_checked_bridge(
+    name: str, settings: Settings, config: Any, inputs: Mapping[str, str] | None = None
+) -> BridgeParts:
     """:func:`open_bridge`, with the errors a user can act on said plainly."""
     with _plain_errors(name):
-        return open_bridge(name, settings, config)
+        return open_bridge(name, settings, config, inputs=inputs)
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ from otel_tracking.ids import ID_GENERATOR
 from otel_tracking.otel_compat import LoggerProvider
 from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks, flush_sinks
 from otel_tracking.propagation import extract_env, has_span, step_from, with_identity
-from otel_tracking.redact import is_secret_key
+from otel_tracking.redact import is_secret_key, redact, redact_attributes, scrub_strings
 from otel_tracking.resume import RunRecord, record_name
 from otel_tracking.settings import Settings
 from otel_tracking.spans import STEP_SPAN_NAME
@@ -98,7 +98,8 @@ def build_resource(settings: Settings) -> Resource:
     if settings.role:
         attributes["ml.role"] = settings.role
     created = Resource.create(attributes)
-    return Resource({k: v for k, v in created.attributes.items() if not is_secret_key(k)}, created.schema_url)
+    kept = {k: redact(v) for k, v in created.attributes.items() if not is_secret_key(k)}
+    return Resource(kept, created.schema_url)
 
 
 def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
@@ -276,6 +277,8 @@ class Run:
         scalars, others = split_values(data)
         if self.finished:
             return
+        if others:  # strings, however nested, scanned for credentials (numbers never are)
+            others = scrub_strings(others)
         if self.pid != os.getpid():  # a forked child must not re-export its parent's run
             _warn_forked_once()
             return
@@ -297,8 +300,13 @@ class Run:
     def emit_event(self, event_name: str, body: Any, attributes: Mapping[str, Any] | None = None) -> None:
         if self.finished or self.pid != os.getpid():
             return
+        # Generations are model text, yet an agent's prompt can carry a tool's key: scanned too
+        # (~1 ms per 100 kB, once per validation step; see redact.py).
         self.event_logger.emit(
-            event_name=event_name, body=body, attributes=dict(attributes or {}), timestamp=time.time_ns()
+            event_name=event_name,
+            body=redact(body),
+            attributes=redact_attributes(attributes or {}),
+            timestamp=time.time_ns(),
         )
 
     # --- the end ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from urllib.parse import quote
 from opentelemetry.util.re import parse_env_headers
 
 from otel_tracking.delivery import Policy
-from otel_tracking.redact import redact_header_values
+from otel_tracking.redact import redact_header_values, scrub_text
 from otel_tracking.resume import NEVER, Resumed, parse_mode
 
 # The OTel exporter names we understand in OTEL_*_EXPORTER besides our own backends.
@@ -436,7 +436,8 @@ def describe_otlp(settings: Settings) -> str:
     o = settings.otlp
     signals = [name for name, on in (("traces", o.traces), ("metrics", o.metrics), ("logs", o.logs)) if on]
     headers = redact_header_values(o.header_names)
-    return f"OTLP {o.protocol} -> {o.endpoint or 'default endpoint'} ({', '.join(signals)}){headers}"
+    endpoint = scrub_text(o.endpoint) if o.endpoint else "default endpoint"  # https://user:pw@collector
+    return f"OTLP {o.protocol} -> {endpoint} ({', '.join(signals)}){headers}"
 
 
 def targets_dir(env: Mapping[str, str] | None = None) -> Path | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -35,7 +36,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
 from otel_tracking.propagation import extract, has_span, with_identity
-from otel_tracking.redact import REDACTED, is_secret_key
+from otel_tracking.redact import REDACTED, is_secret_key, redact, scrub_text
 from otel_tracking.values import to_step
 
 LANE_ATTRIBUTE = "ml.lane"
@@ -68,7 +69,8 @@ def state_attributes(state_lane_id: Any, labels: dict[str, Any]) -> dict[str, An
     if state_lane_id is not None:
         attributes[LANE_ATTRIBUTE] = _attribute_value(state_lane_id)
     for name, value in labels.items():
-        attributes[LABEL_PREFIX + name] = REDACTED if is_secret_key(name) else _attribute_value(value)
+        # By key, then by value (a label may be a URL with credentials in it).
+        attributes[LABEL_PREFIX + name] = REDACTED if is_secret_key(name) else redact(_attribute_value(value))
     return attributes
 
 
@@ -121,8 +123,10 @@ class trace_state:
                 run.open_spans.discard(span)
             if span.is_recording():  # not if the run's finish() ended it already
                 if isinstance(exc, Exception):
-                    span.record_exception(exc)
-                    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                    # The message and traceback scrubbed: an error often quotes the URL it failed on.
+                    message = scrub_text(str(exc))
+                    span.record_exception(exc, attributes=_exception_attributes(exc, message))
+                    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {message}"))
                 span.end()
         finally:
             otel_context.detach(token)  # type: ignore[arg-type]
@@ -163,6 +167,16 @@ class trace_state:
         state.attributes = self.attributes
         state.links = self.links
         return state
+
+
+def _exception_attributes(exc: BaseException, message: str) -> dict[str, str]:
+    """The message and stacktrace ``record_exception`` would record, scrubbed; given as attributes
+    they take the place of the SDK's own."""
+    stacktrace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {
+        "exception.message": message,
+        "exception.stacktrace": scrub_text(stacktrace),
+    }
 
 
 def _links(targets: Any) -> list[Link]:

@@ -14,6 +14,9 @@ sink in the metrics line exactly as the reference's ``orjson`` dump wrote it.  W
 raised, we write instead: scalars nested inside (0-d arrays, tensors) as their number, other arrays
 and tensors as lists, ints beyond 64 bits as floats, anything else as its ``str()``.
 
+Strings, wherever they are in a value, have credentials cut out (``redact.scrub_strings``: URL
+userinfo, ``name=value`` pairs with a secret name, known key formats); nothing else changes.
+
 Keys must be ``str`` (a ``TypeError`` names the bad key); steps must be integers (``int``, numpy
 ints, integral floats such as ``3.0``) or a ``TypeError`` names the step.
 """

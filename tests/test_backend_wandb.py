@@ -310,12 +310,14 @@ def test_config_none_no_trainer_proxy_and_odd_values(
     assert run.config() == {"lr": 0.1}
     assert_same(user_triples(run), {("x", 1): 1})
 
-    wandb_dir("proxy")
+    # wandb uses the proxy as given, credentials and all; what it records has them redacted
+    root = wandb_dir("proxy")
     monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", "false")  # to look at the run's settings here
-    proxy = "http://127.0.0.1:9"
+    proxy = "http://proxyuser:pr0xy-pw@127.0.0.1:9"
     tracking = Tracking("proj", "proxy", default_backend=["wandb"], config={"trainer": {"wandb_proxy": proxy}})
     assert tracking.logger["wandb"].metrics.session.run.settings.https_proxy == proxy
     tracking.finish()
+    assert only_run(root).config() == {"trainer": {"wandb_proxy": "http://<redacted>@127.0.0.1:9"}}
 
     # the bridge alone: one value wandb refuses does not lose the others of its step, and is not a
     # failure (a retry could not help); a spool header's resume reattaches to the same run id
