@@ -29,6 +29,9 @@ its items waiting in its queue in the child (acknowledged only once delivered or
 delivers them in order once it opens, or spools them, with a warning, if it fails.  A watchdog
 thread ends the child once the training process is gone, whatever the child is doing.
 
+This module is the training process's side (the link); the child is ``bridge_child.py`` and the
+messages between them are listed in ``wire.py``.
+
 ``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the bridges in the training process instead (for
 trackers' console capture of the training process's own output, see the README).
 """
@@ -42,7 +45,6 @@ import logging
 import os
 import pickle
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -52,27 +54,16 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from otel_tracking.codec import decode_logs, decode_spans, encode_logs, encode_spans
 from otel_tracking.delivery import Policy, Spool, set_aside, wait_handled
-from otel_tracking.pipeline import Sink, finish_sinks, flush_sinks
+from otel_tracking.pipeline import Sink
 from otel_tracking.redact import redact_config, scrub_text
 from otel_tracking.registry import bridge_inputs
 from otel_tracking.settings import ConfigError, Settings
-from otel_tracking.steps import StepBatch
-from otel_tracking.values import decode_others, encode_others
+from otel_tracking.wire import GRACE_S, encode_item
 
 logger = logging.getLogger("otel_tracking")
 
 _STOP = object()
-_ACK_INTERVAL_S = 0.05
-_GRACE_S = 10.0  # beyond the finish deadline, for the child to close its backends and answer
-_TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not
-_CRASH_TEARDOWN_S = 5.0  # the same after the training process died: nobody waits for a clean exit
-_WATCH_INTERVAL_S = 0.2  # how often the child looks whether the training process is still there
-_NICE = 10  # the child yields the CPU to the training loop
-# One tracker SDK import at a time: two threads importing packages that import each other can
-# fail ("partially initialized module").  The opens themselves (a server, maybe hung) overlap.
-_IMPORTING = threading.Lock()
 # What the training process assumes of a bridge still opening: it may take everything.
 _OPENING = {
     "metrics": True,
@@ -133,7 +124,7 @@ class BridgeProcess:
             [
                 sys.executable,
                 "-m",
-                "otel_tracking.bridge_process",
+                "otel_tracking.bridge_child",
                 str(to_child_r),
                 str(from_child_w),
                 str(os.getpid()),  # the child's watchdog compares its parent with this
@@ -223,7 +214,7 @@ class BridgeProcess:
 
     def _abort(self) -> None:
         """A bridge failed to open: the child ends the runs that did open (as failed) and exits."""
-        self._request(("finish", 1, 0.0), "finished", _GRACE_S)
+        self._request(("finish", 1, 0.0), "finished", GRACE_S)
         self._reap(timeout_s=5.0)
 
     # --- the training thread's side --------------------------------------------------------------
@@ -260,7 +251,7 @@ class BridgeProcess:
                     self._set_aside(message)
                     continue
                 try:
-                    self._send(_encode(seq, message))
+                    self._send(encode_item(message.kind, seq, message.names, message.payload))
                 except (OSError, EOFError):
                     self._child_gone()
                 except Exception:
@@ -400,7 +391,7 @@ class BridgeProcess:
         self._requests += 1  # numbered: a late answer to an earlier flush() never answers this one
         request = self._requests
         message = ("flush", max(0.0, deadline - time.monotonic()), request)
-        reply = self._request(message, "flushed", timeout_s + _GRACE_S, request)
+        reply = self._request(message, "flushed", timeout_s + GRACE_S, request)
         return bool(reply and reply[1])
 
     def finish(self, exit_code: int, timeout_s: float) -> None:
@@ -415,7 +406,7 @@ class BridgeProcess:
             self._thread.join(max(0.1, deadline - time.monotonic()))
         self._drain_to_spool()  # what the link thread did not take (it may be stuck writing)
         remaining = max(0.0, deadline - time.monotonic())
-        reply = self._request(("finish", exit_code, remaining), "finished", timeout_s + _GRACE_S)
+        reply = self._request(("finish", exit_code, remaining), "finished", timeout_s + GRACE_S)
         if reply is not None:
             self._stats = reply[1]
             # Every backend is finished: the child's interpreter teardown (seconds, for MLflow's
@@ -426,11 +417,11 @@ class BridgeProcess:
         if not self._dead:
             logger.warning(
                 "otel-tracking: the bridge process did not finish within %.0f s; stopping it",
-                timeout_s + _GRACE_S,
+                timeout_s + GRACE_S,
             )
-        self._reap(timeout_s=_GRACE_S)
+        self._reap(timeout_s=GRACE_S)
         if self._reader is not None:  # it sees the pipe close and spools what was unacknowledged
-            self._reader.join(_GRACE_S)
+            self._reader.join(GRACE_S)
         self._child_gone()  # (if it could not)
         for sink in self.sinks.values():  # no bridge ended its backend's run: replay will
             sink.spool_end(exit_code)
@@ -574,17 +565,6 @@ def start_bridges(names: Sequence[str], settings: Settings, config: Any) -> list
 # --- encoding --------------------------------------------------------------------------------------
 
 
-def _encode(seq: int, message: _Message) -> tuple[Any, ...]:
-    names = tuple(message.names)
-    payload = message.payload
-    if message.kind == "metrics":
-        others = encode_others(payload.others) if payload.others else None
-        return ("metrics", seq, names, payload.step, dict(payload.scalars), others, payload.time_ns)
-    if message.kind == "spans":
-        return ("spans", seq, names, encode_spans(payload))
-    return ("logs", seq, names, encode_logs(payload))
-
-
 def _picklable(config: Any) -> Any:
     try:
         pickle.dumps(config)
@@ -629,198 +609,3 @@ def _fileno(stream: Any) -> int | None:
 
 
 # --- the child -------------------------------------------------------------------------------------
-
-
-def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
-    """The bridge process: open the bridges (each on its own thread), feed them until told to
-    finish (or the training process is gone), acknowledging every item once each sink is done
-    with it, then finish them and report the counts."""
-    from otel_tracking.run import build_resource, sink_spool
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    with contextlib.suppress(OSError):
-        os.nice(_NICE)
-    replies = _Outbox(outbox)
-    try:
-        _, settings, config, inputs, names, argv = pickle.loads(inbox.recv_bytes())
-    except (OSError, EOFError):
-        return 1  # the training process died before it asked for anything
-    sys.argv = argv
-    watchdog = _Watchdog(parent, settings.finish_timeout_s + _GRACE_S)
-    # Each sink's queue exists before its bridge opens: what arrives meanwhile waits there.
-    sinks = {name: Sink(name, named_events_only=True) for name in names}
-    for sink in sinks.values():
-        sink.start(sink_spool(sink, settings, parent), settings.delivery, done=replies.acknowledge, held=True)
-    replies.start()
-    for sink in sinks.values():
-        opener = threading.Thread(
-            target=_open_bridge,
-            args=(sink, settings, config, inputs, replies),
-            name=f"otel-tracking-open-{sink.name}",
-        )
-        opener.daemon = True  # an open stuck on a hung server must not keep the process alive
-        opener.start()
-    finish = _feed(inbox, sinks, build_resource(settings), replies, watchdog)
-    if finish is not None:  # the training process asked: every backend is finished
-        exit_code, timeout_s = finish
-        finish_sinks(list(sinks.values()), exit_code, time.monotonic() + timeout_s)
-        replies.send(("finished", {name: sink.stats.as_dict() for name, sink in sinks.items()}))
-        _exit_after(_TEARDOWN_S)
-        return 0
-    # The training process ended without finishing the run: deliver what it handed over, as a
-    # crash.  Nobody waits for a tracker still opening: what waits for it is spooled.
-    for sink in sinks.values():
-        sink.give_up()
-    finish_sinks(list(sinks.values()), 1, time.monotonic() + settings.finish_timeout_s)
-    _exit_after(_CRASH_TEARDOWN_S)
-    return 1
-
-
-def _open_bridge(sink: Sink, settings: Settings, config: Any, inputs: dict[str, str], replies: _Outbox) -> None:
-    """Open one tracker (a slow or hung one delays no other) and tell the training process how
-    it went; its held items are then delivered in order, or spooled if it failed."""
-    from otel_tracking.registry import import_sdk, open_checked_bridge
-
-    try:
-        with _IMPORTING:
-            import_sdk(sink.name)
-        parts = open_checked_bridge(sink.name, settings, config, inputs)
-    except BaseException as error:  # the top of this thread: every error is the bridge's outcome
-        sink.give_up()
-        kind = type(error)
-        replies.tell(("failed", sink.name, kind.__name__, str(error), kind.__module__, kind.__qualname__))
-        return
-    if not sink.attach(parts):  # the run finished while this one was opening: end it, as failed
-        if parts.finish is not None:
-            with contextlib.suppress(Exception):
-                parts.finish(1)
-        return
-    info = {
-        "metrics": sink.metrics is not None,
-        "spans": sink.spans is not None,
-        "logs": sink.logs is not None,
-        "where": sink.where,
-        "resume": sink.resume,
-    }
-    replies.tell(("opened", sink.name, info))
-
-
-def _feed(
-    inbox: Connection, sinks: dict[str, Sink], resource: Any, replies: _Outbox, watchdog: _Watchdog
-) -> tuple[int, float] | None:
-    """Hand each item to its sinks' queues, answer flush requests; (exit code, timeout) once told
-    to finish, None once the training process is gone."""
-    while True:
-        try:
-            if not inbox.poll(_WATCH_INTERVAL_S):
-                if watchdog.parent_gone.is_set():  # gone without finishing (its pipe may live on in a fork)
-                    return None
-                continue
-            message = pickle.loads(inbox.recv_bytes())
-        except (OSError, EOFError):
-            return None
-        kind = message[0]
-        if kind in ("metrics", "spans", "logs"):
-            seq, targets = message[1], message[2]
-            if kind == "metrics":
-                step, scalars, others, time_ns = message[3:]
-                payload: Any = StepBatch(resource, step, scalars, decode_others(others) if others else {}, time_ns)
-            else:
-                payload = decode_spans(message[3]) if kind == "spans" else decode_logs(message[3])
-            for name in targets:  # the training process already chose the sinks (and events) for it
-                worker = sinks[name].worker
-                assert worker is not None
-                worker.submit(kind, payload, token=(seq, name))
-        elif kind == "flush":
-            deadline = time.monotonic() + message[1]
-            replies.send(("flushed", flush_sinks(list(sinks.values()), deadline), message[2]))
-        elif kind == "finish":
-            return message[1], message[2]
-
-
-class _Watchdog:
-    """Ends the bridge process once the training process is gone, whatever the child is doing (a
-    tracker's open stuck on a hung server, a backend that hangs while its run ends): it sets
-    ``parent_gone``, on which the main loop takes the crash path, and exits the process
-    ``grace_s`` later if that has not ended it.  Polling ``getppid()`` sees the death even when
-    a forked process of the training job still holds the pipe open."""
-
-    def __init__(self, parent: int, grace_s: float) -> None:
-        self.parent = parent
-        self.grace_s = grace_s
-        self.parent_gone = threading.Event()
-        threading.Thread(target=self._watch, name="otel-tracking-watchdog", daemon=True).start()
-
-    def _watch(self) -> None:
-        while os.getppid() == self.parent:
-            time.sleep(_WATCH_INTERVAL_S)
-        self.parent_gone.set()
-        time.sleep(self.grace_s)
-        _hard_exit(1)
-
-
-class _Outbox:
-    """The child's answers to the training process: replies, and the acknowledgements the sinks'
-    workers report, sent together every ``_ACK_INTERVAL_S`` by one small thread."""
-
-    def __init__(self, connection: Connection) -> None:
-        self._connection = connection
-        self._lock = threading.Lock()
-        self._acks: list[tuple[int, str]] = []
-
-    def acknowledge(self, token: tuple[int, str]) -> None:
-        with self._lock:
-            self._acks.append(token)
-
-    def send(self, message: Any) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        with self._lock:
-            self._send_acks()  # acknowledgements first: a reply never overtakes them
-            self._connection.send_bytes(data)
-
-    def tell(self, message: Any) -> None:
-        """:meth:`send`, from a thread of its own: a training process already gone is no error."""
-        with contextlib.suppress(OSError):
-            self.send(message)
-
-    def _send_acks(self) -> None:
-        if self._acks:
-            acks, self._acks = self._acks, []
-            self._connection.send_bytes(pickle.dumps(("acks", acks), protocol=pickle.HIGHEST_PROTOCOL))
-
-    def start(self) -> None:
-        threading.Thread(target=self._loop, name="otel-tracking-acks", daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            time.sleep(_ACK_INTERVAL_S)
-            try:
-                with self._lock:
-                    self._send_acks()
-            except OSError:
-                return
-
-
-def _exit_after(seconds: float) -> None:
-    """A backend thread that never ends must not keep a finished bridge process alive."""
-    timer = threading.Timer(seconds, _hard_exit, args=(0,))
-    timer.daemon = True
-    timer.start()
-
-
-def _hard_exit(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
-def main(argv: Sequence[str]) -> int:
-    inbox = Connection(int(argv[0]), writable=False)
-    outbox = Connection(int(argv[1]), readable=False)
-    return serve(inbox, outbox, parent=int(argv[2]))
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,225 @@
+"""The bridge process itself: ``python -m otel_tracking.bridge_child <inbox fd> <outbox fd> <parent pid>``.
+
+It opens each tracker's bridge on a thread of its own (a slow or hung open delays no other) and
+reports each outcome; it hands every item it gets to ordinary :class:`Sink` objects (queue,
+retry, spool, as in one process), acknowledging each once that sink delivered or spooled it; it
+answers ``flush`` and ``finish``; and it ends on its own, as a crash, once the training process
+is gone (a watchdog makes sure of that whatever the bridges are doing).  The training process's
+side is ``bridge_process.py``; the messages are listed in ``wire.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from otel_tracking.pipeline import Sink, finish_sinks, flush_sinks
+from otel_tracking.settings import Settings
+from otel_tracking.wire import GRACE_S, ITEM_KINDS, decode_item
+
+_ACK_INTERVAL_S = 0.05
+_TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not
+_CRASH_TEARDOWN_S = 5.0  # the same after the training process died: nobody waits for a clean exit
+_WATCH_INTERVAL_S = 0.2  # how often the child looks whether the training process is still there
+_NICE = 10  # the child yields the CPU to the training loop
+# One tracker SDK import at a time: two threads importing packages that import each other can
+# fail ("partially initialized module").  The opens themselves (a server, maybe hung) overlap.
+_IMPORTING = threading.Lock()
+
+
+def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
+    """The bridge process: open the bridges (each on its own thread), feed them until told to
+    finish (or the training process is gone), acknowledging every item once each sink is done
+    with it, then finish them and report the counts."""
+    from otel_tracking.run import build_resource, sink_spool
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(_NICE)
+    replies = _Outbox(outbox)
+    try:
+        _, settings, config, inputs, names, argv = pickle.loads(inbox.recv_bytes())
+    except (OSError, EOFError):
+        return 1  # the training process died before it asked for anything
+    sys.argv = argv
+    watchdog = _Watchdog(parent, settings.finish_timeout_s + GRACE_S)
+    # Each sink's queue exists before its bridge opens: what arrives meanwhile waits there.
+    sinks = {name: Sink(name, named_events_only=True) for name in names}
+    for sink in sinks.values():
+        sink.start(sink_spool(sink, settings, parent), settings.delivery, done=replies.acknowledge, held=True)
+    replies.start()
+    for sink in sinks.values():
+        opener = threading.Thread(
+            target=_open_bridge,
+            args=(sink, settings, config, inputs, replies),
+            name=f"otel-tracking-open-{sink.name}",
+        )
+        opener.daemon = True  # an open stuck on a hung server must not keep the process alive
+        opener.start()
+    finish = _feed(inbox, sinks, build_resource(settings), replies, watchdog)
+    if finish is not None:  # the training process asked: every backend is finished
+        exit_code, timeout_s = finish
+        finish_sinks(list(sinks.values()), exit_code, time.monotonic() + timeout_s)
+        replies.send(("finished", {name: sink.stats.as_dict() for name, sink in sinks.items()}))
+        _exit_after(_TEARDOWN_S)
+        return 0
+    # The training process ended without finishing the run: deliver what it handed over, as a
+    # crash.  Nobody waits for a tracker still opening: what waits for it is spooled.
+    for sink in sinks.values():
+        sink.give_up()
+    finish_sinks(list(sinks.values()), 1, time.monotonic() + settings.finish_timeout_s)
+    _exit_after(_CRASH_TEARDOWN_S)
+    return 1
+
+
+def _open_bridge(sink: Sink, settings: Settings, config: Any, inputs: dict[str, str], replies: _Outbox) -> None:
+    """Open one tracker (a slow or hung one delays no other) and tell the training process how
+    it went; its held items are then delivered in order, or spooled if it failed."""
+    from otel_tracking.registry import import_sdk, open_checked_bridge
+
+    try:
+        with _IMPORTING:
+            import_sdk(sink.name)
+        parts = open_checked_bridge(sink.name, settings, config, inputs)
+    except BaseException as error:  # the top of this thread: every error is the bridge's outcome
+        sink.give_up()
+        kind = type(error)
+        replies.tell(("failed", sink.name, kind.__name__, str(error), kind.__module__, kind.__qualname__))
+        return
+    if not sink.attach(parts):  # the run finished while this one was opening: end it, as failed
+        if parts.finish is not None:
+            with contextlib.suppress(Exception):
+                parts.finish(1)
+        return
+    info = {
+        "metrics": sink.metrics is not None,
+        "spans": sink.spans is not None,
+        "logs": sink.logs is not None,
+        "where": sink.where,
+        "resume": sink.resume,
+    }
+    replies.tell(("opened", sink.name, info))
+
+
+def _feed(
+    inbox: Connection, sinks: dict[str, Sink], resource: Any, replies: _Outbox, watchdog: _Watchdog
+) -> tuple[int, float] | None:
+    """Hand each item to its sinks' queues, answer flush requests; (exit code, timeout) once told
+    to finish, None once the training process is gone."""
+    while True:
+        try:
+            if not inbox.poll(_WATCH_INTERVAL_S):
+                if watchdog.parent_gone.is_set():  # gone without finishing (its pipe may live on in a fork)
+                    return None
+                continue
+            message = pickle.loads(inbox.recv_bytes())
+        except (OSError, EOFError):
+            return None
+        kind = message[0]
+        if kind in ITEM_KINDS:
+            kind, seq, targets, payload = decode_item(message, resource)
+            for name in targets:  # the training process already chose the sinks (and events) for it
+                worker = sinks[name].worker
+                assert worker is not None
+                worker.submit(kind, payload, token=(seq, name))
+        elif kind == "flush":
+            deadline = time.monotonic() + message[1]
+            replies.send(("flushed", flush_sinks(list(sinks.values()), deadline), message[2]))
+        elif kind == "finish":
+            return message[1], message[2]
+
+
+class _Watchdog:
+    """Ends the bridge process once the training process is gone, whatever the child is doing (a
+    tracker's open stuck on a hung server, a backend that hangs while its run ends): it sets
+    ``parent_gone``, on which the main loop takes the crash path, and exits the process
+    ``grace_s`` later if that has not ended it.  Polling ``getppid()`` sees the death even when
+    a forked process of the training job still holds the pipe open."""
+
+    def __init__(self, parent: int, grace_s: float) -> None:
+        self.parent = parent
+        self.grace_s = grace_s
+        self.parent_gone = threading.Event()
+        threading.Thread(target=self._watch, name="otel-tracking-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        while os.getppid() == self.parent:
+            time.sleep(_WATCH_INTERVAL_S)
+        self.parent_gone.set()
+        time.sleep(self.grace_s)
+        _hard_exit(1)
+
+
+class _Outbox:
+    """The child's answers to the training process: replies, and the acknowledgements the sinks'
+    workers report, sent together every ``_ACK_INTERVAL_S`` by one small thread."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+        self._acks: list[tuple[int, str]] = []
+
+    def acknowledge(self, token: tuple[int, str]) -> None:
+        with self._lock:
+            self._acks.append(token)
+
+    def send(self, message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._send_acks()  # acknowledgements first: a reply never overtakes them
+            self._connection.send_bytes(data)
+
+    def tell(self, message: Any) -> None:
+        """:meth:`send`, from a thread of its own: a training process already gone is no error."""
+        with contextlib.suppress(OSError):
+            self.send(message)
+
+    def _send_acks(self) -> None:
+        if self._acks:
+            acks, self._acks = self._acks, []
+            self._connection.send_bytes(pickle.dumps(("acks", acks), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="otel-tracking-acks", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(_ACK_INTERVAL_S)
+            try:
+                with self._lock:
+                    self._send_acks()
+            except OSError:
+                return
+
+
+def _exit_after(seconds: float) -> None:
+    """A backend thread that never ends must not keep a finished bridge process alive."""
+    timer = threading.Timer(seconds, _hard_exit, args=(0,))
+    timer.daemon = True
+    timer.start()
+
+
+def _hard_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def main(argv: Sequence[str]) -> int:
+    inbox = Connection(int(argv[0]), writable=False)
+    outbox = Connection(int(argv[1]), readable=False)
+    return serve(inbox, outbox, parent=int(argv[2]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
