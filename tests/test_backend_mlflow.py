@@ -418,6 +418,8 @@ def test_attach_to_existing_run(store: Store, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("MLFLOW_RUN_ID", existing.info.run_id)
     tracking = Tracking("ignored-project", "ignored-name", default_backend=["mlflow"], config={"x": 1})
     tracking.log({"loss": 1.0}, step=1)
+    # Delivered means opened: on a loaded machine MLflow may open after Tracking()'s start window.
+    assert tracking.flush(timeout_s=120)
     assert store.client.get_run(existing.info.run_id).info.status == "RUNNING"
     tracking.finish()
     run = store.run(experiment_id)
