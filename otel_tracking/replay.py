@@ -90,6 +90,12 @@ def _end_record(path: Path) -> int | None:
     return None
 
 
+def _counts(**nonzero: int) -> dict[str, int]:
+    """One file's outcome: items read, delivered, failed, damaged records, busy (another process
+    writes it) and skipped (not replayed at all, already said why)."""
+    return {"items": 0, "delivered": 0, "failed": 0, "damaged": 0, "busy": 0, "skipped": 0, **nonzero}
+
+
 def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | None = None) -> dict[str, int]:
     """Deliver one spool file into its sink, record by record (never loading the file whole).
     A damaged record is skipped and named (file and byte offset); what the sink refuses is kept
@@ -99,11 +105,11 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             out.write(f"{path}: still being written by a running process; skipped\n")
-            return {"items": 0, "delivered": 0, "failed": 0, "damaged": 0, "busy": 1, "skipped": 1}
+            return _counts(busy=1, skipped=1)
         header, records = read_spool(path)
         if not header.get("sink"):
             out.write(f"{path}: its header is damaged; nothing to rebuild the sink from; skipped\n")
-            return {"items": 0, "delivered": 0, "failed": 0, "damaged": 1, "busy": 0, "skipped": 1}
+            return _counts(damaged=1, skipped=1)
         ended = _end_record(path)
         if ended is not None:  # the run ended without its bridge: replay ends the backend's run
             header = {**header, "resume": {**(header.get("resume") or {}), "end_run": True}}
@@ -111,11 +117,11 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
         out.write(f"{header['sink']}: {path} -> {sink.where or 'its backend'}\n")
         if sink.metrics is None and sink.spans is None and sink.logs is None:  # it could not open
             out.write(f"{path}: not replayed (the backend did not open); kept for the next replay\n")
-            return {"items": 0, "delivered": 0, "failed": 1, "damaged": 0, "busy": 0, "skipped": 1}
+            return _counts(failed=1, skipped=1)
         progress = Progress(_records_in(path), f"{header['sink']} <- {path.name}", out)
         retry_path = path.with_name(path.name + ".retry")
         retry: Spool | None = None
-        counts = {"items": 0, "delivered": 0, "failed": 0, "damaged": 0, "busy": 0}
+        counts = _counts()
         for record in records:
             if isinstance(record, Damaged):
                 counts["damaged"] += 1
@@ -138,7 +144,7 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
         sink.finish(0 if ended is None else ended)
         if retry is not None:
             if ended is not None:  # the next replay ends the run again (no harm: the same status)
-                retry.write("end", {"exit_code": ended})
+                retry.end(ended)
             retry.close()
             os.replace(retry_path, path)
         else:
@@ -167,7 +173,7 @@ def main(paths: list[str], out: TextIO = sys.stderr) -> int:
             trouble += 1
             continue
         trouble += result["failed"] + result["damaged"]
-        if result.get("skipped"):  # it said why already
+        if result["skipped"]:  # it said why already
             continue
         damaged = f", {result['damaged']} damaged record(s) skipped" if result["damaged"] else ""
         out.write(f"{path}: {result['delivered']}/{result['items']} delivered{damaged}\n")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -113,14 +114,10 @@ def test_ranks_sharing_a_run_id_spool_to_files_of_their_own(isolated: Path, monk
     assert paths[0] != paths[1] and paths[0].parent == paths[1].parent
 
 
-def test_replay_goes_where_the_run_went_and_says_so(isolated: Path, monkeypatch: object) -> None:
+def test_replay_goes_where_the_run_went_and_says_so(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The run's endpoint is down; replay with no OTLP variable set sends to that endpoint (kept
     in the spool header), not to the SDK's localhost default, and prints where it sends."""
-    import pytest
-
     from otel_tracking import Tracking, trace_state
-
-    assert isinstance(monkeypatch, pytest.MonkeyPatch)
     from tests.conftest import free_port
 
     port = free_port()  # nothing listens there during the run
