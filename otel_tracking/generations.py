@@ -24,13 +24,11 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from otel_tracking.semconv import EVENT_BACKENDS as BACKENDS_ATTRIBUTE
+from otel_tracking.semconv import EVENT_KEY as KEY_ATTRIBUTE
+from otel_tracking.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT
+from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
 from otel_tracking.values import to_number, to_step
-
-GENERATIONS_EVENT = "ml.validation.generations"
-REWARD_TABLE_EVENT = "ml.table.filtered_reward_counts"
-STEP_ATTRIBUTE = "ml.step"
-KEY_ATTRIBUTE = "ml.key"
-BACKENDS_ATTRIBUTE = "ml.backends"
 
 
 def _plain(value: Any) -> Any:

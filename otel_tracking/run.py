@@ -35,21 +35,20 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer
 
 from otel_tracking import __version__
+from otel_tracking.carrier import extract_env, has_span, step_from, with_identity
 from otel_tracking.delivery import Spool
 from otel_tracking.ids import ID_GENERATOR
 from otel_tracking.otel_compat import LoggerProvider
 from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks, flush_sinks
-from otel_tracking.propagation import extract_env, has_span, step_from, with_identity
 from otel_tracking.redact import is_secret_key, redact, redact_attributes, scrub_strings
 from otel_tracking.resume import RunRecord, record_name
+from otel_tracking.semconv import ENDED_BY, STEP_SPAN_NAME
 from otel_tracking.settings import Settings
-from otel_tracking.spans import STEP_SPAN_NAME
 from otel_tracking.steps import LatestValues, StepBatch
 from otel_tracking.values import split_values, to_step
 
 logger = logging.getLogger("otel_tracking")
 
-ENDED_BY_ATTRIBUTE = "ml.span.ended_by"  # set on spans that finish() ended while still open
 
 # Unfinished runs, oldest first; a run leaves at finish().  Held strongly: a Tracking dropped
 # without finish() keeps its run until the exit hook finishes it (no work in GC finalizers).
@@ -328,10 +327,10 @@ class Run:
         # Spans still open (``with trace_state("fit"): ... finish()``) end here, saying so, rather
         # than after their sinks are gone; the step's root span last, after its children.
         for span in list(self.open_spans):
-            span.set_attribute(ENDED_BY_ATTRIBUTE, "finish")
+            span.set_attribute(ENDED_BY, "finish")
             span.end()
         self.open_spans.clear()
-        self._end_step(None, time.time_ns(), **{ENDED_BY_ATTRIBUTE: "finish"})
+        self._end_step(None, time.time_ns(), **{ENDED_BY: "finish"})
         for provider in (self.tracer_provider, self.logger_provider):
             try:
                 provider.force_flush()

@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from opentelemetry.util.re import parse_env_headers
 
+from otel_tracking.carrier import extract_env, identity_from
 from otel_tracking.delivery import Policy
 from otel_tracking.redact import redact_header_values, scrub_text
 from otel_tracking.resume import NEVER, Resumed, parse_mode
@@ -359,8 +360,6 @@ def build_worker_settings(
     the run identity from the caller's baggage (``identity``), else from the environment
     (``BAGGAGE``, ``OTEL_TRACKING_RUN_ID``, ``OTEL_RESOURCE_ATTRIBUTES`` with ``ml.project``, ``ml.experiment``,
     ``ml.run.id``, as ``ray_tracing.runtime_env`` sets them), else defaults; explicit arguments win."""
-    from otel_tracking.propagation import extract_env, identity_from
-
     e = dict(_env(env))
     if not identity:  # a subprocess handed its context in TRACEPARENT / BAGGAGE
         identity = identity_from(extract_env(e))

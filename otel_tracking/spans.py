@@ -35,17 +35,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
-from otel_tracking.propagation import extract, has_span, with_identity
+from otel_tracking.carrier import extract, has_span, with_identity
 from otel_tracking.redact import REDACTED, is_secret_key, redact, scrub_text
+from otel_tracking.semconv import LABEL_PREFIX
+from otel_tracking.semconv import LANE as LANE_ATTRIBUTE
+from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
+from otel_tracking.semconv import WEIGHT_VERSION as WEIGHT_VERSION_ATTRIBUTE
 from otel_tracking.values import to_step
-
-LANE_ATTRIBUTE = "ml.lane"
-LABEL_PREFIX = "ml.label."
-STEP_ATTRIBUTE = "ml.step"
-WEIGHT_VERSION_ATTRIBUTE = "ml.weight_version"
-# The root span of each step on the driver (``run.py``): the phases of every process serving the
-# step are its descendants.  ML bridges skip it: verl logs its own ``timing_s/step``.
-STEP_SPAN_NAME = "ml.step"
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -32,12 +32,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_tracking import __version__
+from otel_tracking.semconv import STEP_METRIC
+from otel_tracking.semconv import STEP_OTHERS as OTHERS_ATTRIBUTE
 from otel_tracking.values import InstrumentNames, decode_others, encode_others
 
-STEP_METRIC = "train.step"
-# On the step point of a per-step batch only: the log() call's non-number values as JSON, so the
-# file sink can keep them in the same line, as the reference did.
-OTHERS_ATTRIBUTE = "ml.step.others"
 SCOPE = InstrumentationScope("otel_tracking", __version__)
 _NO_ATTRIBUTES: Mapping[str, Any] = {}
 

@@ -35,7 +35,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking.propagation import identity_from
+from otel_tracking.carrier import identity_from
 from otel_tracking.run import Run, current_run, inherited_identity
 from otel_tracking.settings import Settings, build_worker_settings
 

@@ -1,0 +1,37 @@
+"""Every ``ml.*`` name otel-tracking writes, in one place: span and log attributes, baggage keys,
+resource attributes, event names and the step span.  Other modules import these; none spells a
+name out again.  It imports nothing, so any layer may use it."""
+
+from __future__ import annotations
+
+# Run identity: resource attributes of every process of a run, and the baggage keys that carry
+# the identity to other processes (``ml.run.attempt`` only when > 1).
+PROJECT = "ml.project"
+EXPERIMENT = "ml.experiment"
+RUN_ID = "ml.run.id"
+RUN_ATTEMPT = "ml.run.attempt"
+IDENTITY_KEYS = (PROJECT, EXPERIMENT, RUN_ID, RUN_ATTEMPT)
+RANK = "ml.rank"
+ROLE = "ml.role"
+
+# The step: a span attribute, a baggage key, and the name of each step's root span on the driver
+# (the phases of every process serving the step are its descendants; ML bridges skip it, since
+# verl logs its own ``timing_s/step``).
+STEP = "ml.step"
+STEP_SPAN_NAME = "ml.step"
+# The gauge that carries the step, first point of every per-step batch.
+STEP_METRIC = "train.step"
+# On the step point of a per-step batch only: the log() call's non-number values as JSON.
+STEP_OTHERS = "ml.step.others"
+
+# trace_state spans.
+LANE = "ml.lane"
+LABEL_PREFIX = "ml.label."
+WEIGHT_VERSION = "ml.weight_version"
+ENDED_BY = "ml.span.ended_by"  # set on spans that finish() ended while still open
+
+# Events (log records) and their attributes.
+GENERATIONS_EVENT = "ml.validation.generations"
+REWARD_TABLE_EVENT = "ml.table.filtered_reward_counts"
+EVENT_KEY = "ml.key"
+EVENT_BACKENDS = "ml.backends"
