@@ -68,8 +68,8 @@ from otel_tracking.exporters._base import (
     sample_parts,
     span_timing,
 )
-from otel_tracking.generations import GENERATIONS_EVENT
 from otel_tracking.redact import scrubbed_logger
+from otel_tracking.semconv import GENERATIONS_EVENT
 from otel_tracking.settings import ConfigError
 
 logger = scrubbed_logger("otel_tracking.mlflow")

@@ -59,7 +59,7 @@ from otel_tracking.exporters._base import (
     sample_parts,
     span_timing,
 )
-from otel_tracking.generations import GENERATIONS_EVENT, REWARD_TABLE_EVENT
+from otel_tracking.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT
 
 logger = logging.getLogger("otel_tracking")
 

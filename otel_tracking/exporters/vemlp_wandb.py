@@ -29,7 +29,7 @@ from otel_tracking.exporters._base import (
     bridge_parts,
 )
 from otel_tracking.exporters.wandb import WandbSession, resume_kwargs
-from otel_tracking.generations import GENERATIONS_EVENT
+from otel_tracking.semconv import GENERATIONS_EVENT
 from otel_tracking.settings import ConfigError
 
 PLATFORM_PACKAGE = "volcengine_ml_platform"

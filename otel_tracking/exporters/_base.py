@@ -36,7 +36,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_tracking import settings
 from otel_tracking.otel_compat import LogRecordExporter, LogRecordExportResult
 from otel_tracking.redact import scrub_text
-from otel_tracking.spans import STEP_ATTRIBUTE, STEP_SPAN_NAME
+from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
+from otel_tracking.semconv import STEP_SPAN_NAME
 from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC, StepRecord
 from otel_tracking.values import decode_others
 

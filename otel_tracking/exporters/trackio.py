@@ -45,8 +45,8 @@ from otel_tracking.exporters._base import (
     StepRecord,
     bridge_parts,
 )
-from otel_tracking.generations import GENERATIONS_EVENT
 from otel_tracking.redact import scrubbed_logger
+from otel_tracking.semconv import GENERATIONS_EVENT
 
 logger = scrubbed_logger("otel_tracking.exporters.trackio")
 

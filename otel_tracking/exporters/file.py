@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import orjson
 from opentelemetry.sdk.trace import ReadableSpan
@@ -54,7 +54,7 @@ class FileSink:
         self.attempt = attempt
         self._marked = attempt is None
         self.events_path = events_path(self.path)
-        self._metrics: BinaryIO | None = None
+        self._metrics: IO[bytes] | None = None
         self._events: BinaryIO | None = None
         self._lock = threading.Lock()
 
@@ -62,7 +62,7 @@ class FileSink:
         with self._lock:
             self._open_metrics()
 
-    def _open_metrics(self) -> BinaryIO:
+    def _open_metrics(self) -> IO[bytes]:
         if self._metrics is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             mode = "wb" if self.attempt is None else "ab"  # a resumed run continues the file

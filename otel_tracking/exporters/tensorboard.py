@@ -54,7 +54,7 @@ from otel_tracking.exporters._base import (
     phase_spans,
     span_timing,
 )
-from otel_tracking.generations import GENERATIONS_EVENT
+from otel_tracking.semconv import GENERATIONS_EVENT
 
 GENERATIONS_KEY = "val/generations"
 # SummaryWriter.add_text(tag, ...) stores the text under "<tag>/text_summary".
