@@ -126,7 +126,7 @@ class Collector:
     """The real otelcol binary on free loopback ports, with a config of its own in ``workdir``."""
 
     def __init__(self, workdir: Path) -> None:
-        from otel_tracking.stack import build_collector
+        from otel_tracking_stack.stack import build_collector
 
         self.binary = build_collector()  # the cached binary (built once by `otel-tracking stack build`)
         self.workdir = workdir

@@ -76,7 +76,7 @@ def _what_next(backends: Sequence[str]) -> list[str]:
 
 
 def _stack(args: argparse.Namespace) -> int:
-    from otel_tracking import stack
+    from otel_tracking_stack import stack  # development tooling beside the runtime, loaded on demand
 
     return stack.main([args.action, *args.options])
 

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from otel_tracking.ids import ID_GENERATOR
-from otel_tracking.stack import AGENT_CONFIG, Agent, AgentPorts, Ports, Stack, ensure_binaries
+from otel_tracking_stack.stack import AGENT_CONFIG, Agent, AgentPorts, Ports, Stack, ensure_binaries
+from tests.stack_queries import jaeger_traces, prom_query
 from tests.test_stack import poll
 
 pytestmark = pytest.mark.stack
@@ -263,7 +264,7 @@ def _tags(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _find_trace(stack: Stack, trace_id: str) -> dict[str, Any] | None:
     """The trace from Jaeger, as far as it arrived (Jaeger may drop leading zeros of ids)."""
-    for trace in stack.jaeger_traces(DRIVER_SERVICE):
+    for trace in jaeger_traces(stack, DRIVER_SERVICE):
         if int(trace["traceID"], 16) == int(trace_id, 16):
             return trace
     return None
@@ -331,7 +332,7 @@ def check_trace(
 def _gauges(stack: Stack, reports_by_step: dict[int, dict[int, dict[str, Any]]]) -> list[dict[str, Any]] | None:
     """The workers' gauge series in Prometheus, once there is one for each of these worker processes."""
     pids = {str(report["pid"]) for reports in reports_by_step.values() for report in reports.values()}
-    result = stack.prom_query(f'worker_tokens_per_s{{ml_run_id="{RUN_ID}"}}')
+    result = prom_query(stack, f'worker_tokens_per_s{{ml_run_id="{RUN_ID}"}}')
     result = [r for r in result if r["metric"].get("process_pid") in pids]
     return result if len(result) >= len(pids) else None
 

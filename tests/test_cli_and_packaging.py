@@ -181,26 +181,15 @@ def test_the_demo_runs_clearml_offline_under_out(tmp_path: Path) -> None:
     assert [p.relative_to(home).as_posix() for p in home.rglob("*") if p.is_file()] == [".clearml/.session.json"]
 
 
-def test_the_stack_files_are_found_installed_or_in_a_checkout(tmp_path: Path) -> None:
-    from otel_tracking.stack import COLLECTOR_CONFIG, StackError, manifest_key, stack_files_root
+def test_the_stack_files_sit_beside_the_stack_module(tmp_path: Path) -> None:
+    from otel_tracking_stack.stack import COLLECTOR_CONFIG, COLLECTOR_MANIFEST, StackError, manifest_key
 
-    repo = Path(__file__).resolve().parent.parent
-    assert repo / "collector-config.yaml" == COLLECTOR_CONFIG  # this checkout
-    installed = tmp_path / "site-packages" / "otel_tracking"
-    (installed / "_stack_files" / "deploy" / "collector").mkdir(parents=True)
-    (installed / "_stack_files" / "collector-config.yaml").write_text("receivers: {}\n")
-    assert stack_files_root(installed / "stack.py") == installed / "_stack_files"
-    checkout = tmp_path / "checkout"
-    (checkout / "otel_tracking").mkdir(parents=True)
-    (checkout / "deploy" / "collector").mkdir(parents=True)
-    (checkout / "collector-config.yaml").write_text("receivers: {}\n")
-    assert stack_files_root(checkout / "otel_tracking" / "stack.py") == checkout
-    broken = tmp_path / "broken" / "otel_tracking"
-    broken.mkdir(parents=True)
-    root = stack_files_root(broken / "stack.py")
-    assert root == broken / "_stack_files"
-    with pytest.raises(StackError, match=r"cannot read .*_stack_files/deploy/collector/builder-config.yaml"):
-        manifest_key(root / "deploy" / "collector" / "builder-config.yaml")
+    package = Path(__file__).resolve().parent.parent / "otel_tracking_stack"
+    assert package / "collector-config.yaml" == COLLECTOR_CONFIG  # this checkout
+    assert COLLECTOR_MANIFEST.is_file()
+    missing = tmp_path / "deploy" / "collector" / "builder-config.yaml"
+    with pytest.raises(StackError, match=r"cannot read .*deploy/collector/builder-config.yaml"):
+        manifest_key(missing)
 
 
 def _source_tree_copy(dest: Path) -> Path:
@@ -258,10 +247,10 @@ def test_the_stack_runs_from_a_wheel(wheel_venv: Path, tmp_path: Path) -> None:
     manifest is the checkout's, so is the cache key)."""
     import os
 
-    from otel_tracking.stack import build_collector
+    from otel_tracking_stack.stack import build_collector
 
     site = next((wheel_venv / "lib").glob("python3*/site-packages"))
-    packaged = site / "otel_tracking" / "_stack_files"
+    packaged = site / "otel_tracking_stack"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     command = str(wheel_venv / "bin" / "otel-tracking")
 

@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from otel_tracking.stack import Ports, Stack, ensure_binaries
+from otel_tracking_stack.stack import Ports, Stack, ensure_binaries
+from tests.stack_queries import jaeger_services, jaeger_traces, prom_query
 
 pytestmark = pytest.mark.stack
 
@@ -110,7 +111,7 @@ def _train_step(tracking: Any, step: int, loss: float) -> None:
 
 def _span_calls(stack: Stack) -> dict[tuple[str, str], float]:
     """``traces_span_metrics_calls_total`` of this test's service in Prometheus, by (span, lane)."""
-    result = stack.prom_query(f'traces_span_metrics_calls_total{{job="{SERVICE}"}}')
+    result = prom_query(stack, f'traces_span_metrics_calls_total{{job="{SERVICE}"}}')
     return {(r["metric"]["span_name"], r["metric"].get("ml_lane", "")): float(r["value"][1]) for r in result}
 
 
@@ -156,7 +157,7 @@ def test_trace_reaches_jaeger_with_links_and_attributes(sent: Stack) -> None:
     under the phase."""
 
     def find() -> dict[str, Any] | None:
-        for trace in sent.jaeger_traces(SERVICE):
+        for trace in jaeger_traces(sent, SERVICE):
             spans = trace["spans"]
             phase = [s for s in spans if s["operationName"] == "train_step"]
             if (
@@ -168,7 +169,7 @@ def test_trace_reaches_jaeger_with_links_and_attributes(sent: Stack) -> None:
         return None
 
     trace = poll(find, what=f"trace of step {STEP} in Jaeger")
-    assert SERVICE in sent.jaeger_services()
+    assert SERVICE in jaeger_services(sent)
     spans = {s["spanID"]: s for s in trace["spans"]}
     (root,) = [s for s in spans.values() if s["operationName"] == "ml.step"]
     (phase,) = [s for s in spans.values() if s["operationName"] == "train_step"]
@@ -197,7 +198,7 @@ def _tag(span: dict[str, Any], key: str) -> Any:
 def test_gauges_reach_prometheus_with_resource_labels(sent: Stack) -> None:
     expr = f'train_loss{{ml_run_id="{RUN_ID}"}}'
     result = poll(
-        lambda: [r for r in sent.prom_query(expr) if float(r["value"][1]) == LOSS],
+        lambda: [r for r in prom_query(sent, expr) if float(r["value"][1]) == LOSS],
         what=f"{expr} == {LOSS}",
     )
     assert len(result) == 1
@@ -210,7 +211,7 @@ def test_gauges_reach_prometheus_with_resource_labels(sent: Stack) -> None:
     assert labels["ml_run_attempt"] == "1"  # attempts of a resumed run are separate series
     assert result[0]["value"][1] == "0.8125"
     step = poll(
-        lambda: [r for r in sent.prom_query(f'train_step{{ml_run_id="{RUN_ID}"}}') if r["value"][1] == str(STEP)],
+        lambda: [r for r in prom_query(sent, f'train_step{{ml_run_id="{RUN_ID}"}}') if r["value"][1] == str(STEP)],
         what=f"train_step == {STEP}",
     )
     assert step[0]["metric"]["ml_experiment"] == RESOURCE_ATTRS["ml.experiment"]
@@ -220,7 +221,7 @@ def test_span_metrics_carry_lane_and_phase(sent: Stack) -> None:
     expr = f'traces_span_metrics_calls_total{{job="{SERVICE}", ml_lane!=""}}'
 
     def both_rounds() -> list[dict[str, Any]] | None:
-        result = sent.prom_query(expr)
+        result = prom_query(sent, expr)
         # one call per (phase, lane) and round: every series reaches 2
         return result if result and all(float(r["value"][1]) >= 2 for r in result) else None
 
@@ -259,7 +260,7 @@ def test_register_rollout_metrics_reaches_prometheus(stack: Stack, monkeypatch: 
             [f"http://127.0.0.1:{port}/"], "vllm-rollout", [{"ml_run_id": RUN_ID, "replica": "0"}]
         )
         expr = f'vllm_num_requests_waiting{{model_name="tiny-rollout-model", ml_run_id="{RUN_ID}"}}'
-        result = poll(lambda: stack.prom_query(expr), what=expr)
+        result = poll(lambda: prom_query(stack, expr), what=expr)
         labels = result[0]["metric"]
         assert result[0]["value"][1] == "5"
         assert labels["job"] == "vllm-rollout" and labels["replica"] == "0"
@@ -283,7 +284,7 @@ def test_file_sd_scrape_target_reaches_prometheus(stack: Stack) -> None:
         path = stack.write_scrape_target("vllm-rollout", [f"127.0.0.1:{port}"], {"ml_run_id": RUN_ID, "engine": "vllm"})
         assert path.parent == stack.targets_dir and path.suffix == ".json"
         expr = f'vllm_num_requests_running{{model_name="tiny-test-model", ml_run_id="{RUN_ID}"}}'
-        result = poll(lambda: stack.prom_query(expr), what=expr)
+        result = poll(lambda: prom_query(stack, expr), what=expr)
         labels = result[0]["metric"]
         assert result[0]["value"][1] == "3"
         assert labels["job"] == "vllm-rollout"
@@ -296,7 +297,7 @@ def test_file_sd_scrape_target_reaches_prometheus(stack: Stack) -> None:
 
 
 def _panel_queries_module() -> Any:
-    path = REPO / "deploy" / "grafana" / "panel_queries.py"
+    path = REPO / "otel_tracking_stack" / "deploy" / "grafana" / "panel_queries.py"
     spec = importlib.util.spec_from_file_location("otel_tracking_panel_queries", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -325,19 +326,19 @@ def test_every_grafana_panel_query_returns_data(sent: Stack) -> None:
     # same scrape as the calls) and the last step's gauges. From then on every panel must answer.
     poll(lambda: _scraped_steps(sent, 2), what="span metrics of both steps")
     poll(
-        lambda: sent.prom_query(f'train_step{{ml_run_id="{RUN_ID}"}} == {STEP}'),
+        lambda: prom_query(sent, f'train_step{{ml_run_id="{RUN_ID}"}} == {STEP}'),
         what=f"train_step == {STEP}",
     )
-    empty = [q for q in queries if not finite(sent.prom_query(q.query))]
+    empty = [q for q in queries if not finite(prom_query(sent, q.query))]
     assert not empty, "panels without data: " + "; ".join(f"{q.panel_title}: {q.query}" for q in empty)
 
     # the lane timeline maps phases to values 1..3: each lane shows a known phase
     (lane_q,) = [q for q in queries if q.panel_type == "state-timeline"]
-    lanes = {r["metric"]["ml_lane"]: float(r["value"][1]) for r in sent.prom_query(lane_q.query)}
+    lanes = {r["metric"]["ml_lane"]: float(r["value"][1]) for r in prom_query(sent, lane_q.query)}
     assert set(lanes) == {"0", "1"}
     assert all(v in (1.0, 2.0, 3.0) for v in lanes.values()), lanes
     # the template variables' label_values(selector, label) find this run
-    dashboard = REPO / "deploy" / "grafana" / "dashboards" / "otel-tracking-training.json"
+    dashboard = REPO / "otel_tracking_stack" / "deploy" / "grafana" / "dashboards" / "otel-tracking-training.json"
     expected = {"job": SERVICE, **{k: variables[k] for k in ("ml_project", "ml_experiment", "ml_run_id")}}
     var_queries = pq.variable_queries(dashboard)
     assert len(var_queries) == 4
@@ -345,12 +346,12 @@ def test_every_grafana_panel_query_returns_data(sent: Stack) -> None:
         m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", var_query)
         assert m, var_query
         selector, label = pq.render(m.group(1), variables), m.group(2)
-        values = {r["metric"].get(label) for r in sent.prom_query(f"count by ({label}) ({selector})")}
+        values = {r["metric"].get(label) for r in prom_query(sent, f"count by ({label}) ({selector})")}
         assert expected[label] in values, (var_query, values)
 
 
 def test_cli_status_of_a_stopped_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from otel_tracking.stack import main
+    from otel_tracking_stack.stack import main
 
     assert main(["--state-dir", str(tmp_path), "status"]) == 3
     out = capsys.readouterr().out
