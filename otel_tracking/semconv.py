@@ -1,6 +1,5 @@
-"""Every ``ml.*`` name otel-tracking writes, in one place: span and log attributes, baggage keys,
-resource attributes, event names and the step span.  Other modules import these; none spells a
-name out again.  It imports nothing, so any layer may use it."""
+"""The ``ml.*`` names otel-tracking writes: span and log attributes, baggage keys, resource
+attributes, event names and the step span.  It imports nothing, so any layer may use it."""
 
 from __future__ import annotations
 
