@@ -21,7 +21,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -231,6 +231,9 @@ class BridgeSession(ABC):
     def finish(self, exit_code: int = 0) -> None: ...
 
 
+_E = TypeVar("_E", bound="_UsesSession")
+
+
 class _SharedSessions:
     """Exporters built with no arguments (a plain OTel SDK setup builds each one separately) share
     one session per bridge and process, opened from the environment on first use and finished
@@ -345,20 +348,41 @@ class BridgeLogExporter(_UsesSession, LogRecordExporter):
         self._release()
 
 
-def bridge_parts(
-    session: BridgeSession,
-    metrics: type[BridgeMetricExporter],
-    spans: type[BridgeSpanExporter],
-    logs: type[BridgeLogExporter],
-) -> BridgeParts:
-    """What ``open_bridge`` returns: the three exporters on one session, and its end."""
-    return BridgeParts(
-        metrics=metrics(session),
-        spans=spans(session),
-        logs=logs(session),
-        finish=session.finish,
-        where=session.where,
-        resume=session.resume,
+@dataclass(frozen=True)
+class BridgeExporters:
+    """A tracker's three OTel exporter classes, made by :func:`bridge_exporters`: what a plain SDK
+    setup builds by name (the entry points), and what :meth:`parts` puts on one open session."""
+
+    metrics: type[BridgeMetricExporter]
+    spans: type[BridgeSpanExporter]
+    logs: type[BridgeLogExporter]
+
+    def parts(self, session: BridgeSession) -> BridgeParts:
+        """What a tracker's ``open_bridge`` returns: the three exporters on one session, and its end."""
+        return BridgeParts(
+            metrics=self.metrics(session),
+            spans=self.spans(session),
+            logs=self.logs(session),
+            finish=session.finish,
+            where=session.where,
+            resume=session.resume,
+        )
+
+
+def bridge_exporters(backend: str, shared: type[BridgeSession], module: str) -> BridgeExporters:
+    """``<backend>MetricExporter``, ``...SpanExporter`` and ``...LogExporter``, defined as if written
+    in ``module`` (their names and module are what entry points, warnings and pickles see).  Built
+    with no arguments, they write to the process's ``shared`` session (:class:`_SharedSessions`)."""
+
+    def make(base: type[_E], kind: str) -> type[_E]:
+        name = f"{backend}{kind}Exporter"
+        made: type[_E] = type(name, (base,), {"session_class": shared, "__module__": module, "__qualname__": name})
+        return made
+
+    return BridgeExporters(
+        metrics=make(BridgeMetricExporter, "Metric"),
+        spans=make(BridgeSpanExporter, "Span"),
+        logs=make(BridgeLogExporter, "Log"),
     )
 
 
@@ -400,6 +424,7 @@ def hex_id(value: int | None, width: int) -> str | None:
 
 __all__: Sequence[str] = [
     "BridgeContext",
+    "BridgeExporters",
     "BridgeLogExporter",
     "BridgeMetricExporter",
     "BridgeParts",
@@ -408,7 +433,7 @@ __all__: Sequence[str] = [
     "Event",
     "StepMetricExporter",
     "StepRecord",
-    "bridge_parts",
+    "bridge_exporters",
     "hex_id",
     "phase_spans",
     "sample_parts",

@@ -42,14 +42,11 @@ from typing import Any
 
 from otel_tracking.exporters._base import (
     BridgeContext,
-    BridgeLogExporter,
-    BridgeMetricExporter,
     BridgeParts,
     BridgeSession,
-    BridgeSpanExporter,
     Event,
     StepRecord,
-    bridge_parts,
+    bridge_exporters,
     sample_parts,
 )
 from otel_tracking.redact import scrubbed_logger
@@ -215,17 +212,9 @@ class ClearMLSession(BridgeSession):
         self.task.close()
 
 
-class ClearMLMetricExporter(BridgeMetricExporter):
-    session_class = ClearMLSession
-
-
-class ClearMLSpanExporter(BridgeSpanExporter):
-    session_class = ClearMLSession
-
-
-class ClearMLLogExporter(BridgeLogExporter):
-    session_class = ClearMLSession
+EXPORTERS = bridge_exporters("ClearML", ClearMLSession, __name__)
+ClearMLMetricExporter, ClearMLSpanExporter, ClearMLLogExporter = EXPORTERS.metrics, EXPORTERS.spans, EXPORTERS.logs
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
-    return bridge_parts(ClearMLSession.open(context), ClearMLMetricExporter, ClearMLSpanExporter, ClearMLLogExporter)
+    return EXPORTERS.parts(ClearMLSession.open(context))

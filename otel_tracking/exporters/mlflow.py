@@ -56,14 +56,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_tracking.exporters._base import (
     BridgeContext,
-    BridgeLogExporter,
-    BridgeMetricExporter,
     BridgeParts,
     BridgeSession,
-    BridgeSpanExporter,
     Event,
     StepRecord,
-    bridge_parts,
+    bridge_exporters,
     phase_spans,
     sample_parts,
     span_timing,
@@ -559,16 +556,8 @@ class SharedMlflowSession(BridgeSession):
         return None
 
 
-class MlflowMetricExporter(BridgeMetricExporter):
-    session_class = SharedMlflowSession
-
-
-class MlflowSpanExporter(BridgeSpanExporter):
-    session_class = SharedMlflowSession
-
-
-class MlflowLogExporter(BridgeLogExporter):
-    session_class = SharedMlflowSession
+EXPORTERS = bridge_exporters("Mlflow", SharedMlflowSession, __name__)
+MlflowMetricExporter, MlflowSpanExporter, MlflowLogExporter = EXPORTERS.metrics, EXPORTERS.spans, EXPORTERS.logs
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
@@ -576,7 +565,7 @@ def open_bridge(context: BridgeContext) -> BridgeParts:
     if session is None:
         uri = tracking_uri(context)
         return BridgeParts(where=f"MLflow not reachable at {_safe_uri(uri)}: nothing sent (see warnings)")
-    return bridge_parts(session, MlflowMetricExporter, MlflowSpanExporter, MlflowLogExporter)
+    return EXPORTERS.parts(session)
 
 
 __all__ = [

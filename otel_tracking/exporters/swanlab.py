@@ -33,14 +33,11 @@ from typing import Any
 
 from otel_tracking.exporters._base import (
     BridgeContext,
-    BridgeLogExporter,
-    BridgeMetricExporter,
     BridgeParts,
     BridgeSession,
-    BridgeSpanExporter,
     Event,
     StepRecord,
-    bridge_parts,
+    bridge_exporters,
     sample_parts,
 )
 from otel_tracking.redact import scrubbed_logger
@@ -167,17 +164,9 @@ class SwanLabSession(BridgeSession):
         self.run.finish(state=state, error=None if exit_code == 0 else f"exit code {exit_code}")
 
 
-class SwanLabMetricExporter(BridgeMetricExporter):
-    session_class = SwanLabSession
-
-
-class SwanLabSpanExporter(BridgeSpanExporter):
-    session_class = SwanLabSession
-
-
-class SwanLabLogExporter(BridgeLogExporter):
-    session_class = SwanLabSession
+EXPORTERS = bridge_exporters("SwanLab", SwanLabSession, __name__)
+SwanLabMetricExporter, SwanLabSpanExporter, SwanLabLogExporter = EXPORTERS.metrics, EXPORTERS.spans, EXPORTERS.logs
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
-    return bridge_parts(SwanLabSession.open(context), SwanLabMetricExporter, SwanLabSpanExporter, SwanLabLogExporter)
+    return EXPORTERS.parts(SwanLabSession.open(context))

@@ -43,14 +43,11 @@ from typing import Any
 from otel_tracking import settings
 from otel_tracking.exporters._base import (
     BridgeContext,
-    BridgeLogExporter,
-    BridgeMetricExporter,
     BridgeParts,
     BridgeSession,
-    BridgeSpanExporter,
     Event,
     StepRecord,
-    bridge_parts,
+    bridge_exporters,
     phase_spans,
     span_timing,
 )
@@ -199,23 +196,19 @@ def text_value(tag: str, text: str) -> Any:
     return summary_pb2.Summary.Value(tag=tag + TEXT_SUFFIX, metadata=metadata, tensor=tensor)
 
 
-class TensorboardMetricExporter(BridgeMetricExporter):
-    session_class = TensorboardSession
-
-
-class TensorboardSpanExporter(BridgeSpanExporter):
-    session_class = TensorboardSession
-
-
-class TensorboardLogExporter(BridgeLogExporter):
-    session_class = TensorboardSession
+EXPORTERS = bridge_exporters("Tensorboard", TensorboardSession, __name__)
+(TensorboardMetricExporter, TensorboardSpanExporter, TensorboardLogExporter) = (
+    EXPORTERS.metrics,
+    EXPORTERS.spans,
+    EXPORTERS.logs,
+)
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
     session = TensorboardSession.open(context)
     session.create_file()  # create the directory and the event file now, as SummaryWriter did
     print(f"Saving tensorboard log to {session.directory}.")
-    return bridge_parts(session, TensorboardMetricExporter, TensorboardSpanExporter, TensorboardLogExporter)
+    return EXPORTERS.parts(session)
 
 
 __all__ = [

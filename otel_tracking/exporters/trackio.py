@@ -36,14 +36,11 @@ from typing import Any
 
 from otel_tracking.exporters._base import (
     BridgeContext,
-    BridgeLogExporter,
-    BridgeMetricExporter,
     BridgeParts,
     BridgeSession,
-    BridgeSpanExporter,
     Event,
     StepRecord,
-    bridge_parts,
+    bridge_exporters,
 )
 from otel_tracking.redact import scrubbed_logger
 from otel_tracking.semconv import GENERATIONS_EVENT
@@ -177,20 +174,12 @@ def _drain(run: Any) -> None:
         flush_inline()
 
 
-class TrackioMetricExporter(BridgeMetricExporter):
-    session_class = TrackioSession
-
-
-class TrackioSpanExporter(BridgeSpanExporter):
-    session_class = TrackioSession
-
-
-class TrackioLogExporter(BridgeLogExporter):
-    session_class = TrackioSession
+EXPORTERS = bridge_exporters("Trackio", TrackioSession, __name__)
+TrackioMetricExporter, TrackioSpanExporter, TrackioLogExporter = EXPORTERS.metrics, EXPORTERS.spans, EXPORTERS.logs
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
-    return bridge_parts(TrackioSession(context), TrackioMetricExporter, TrackioSpanExporter, TrackioLogExporter)
+    return EXPORTERS.parts(TrackioSession(context))
 
 
 __all__ = [

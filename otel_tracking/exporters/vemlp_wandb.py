@@ -22,11 +22,8 @@ from typing import Any
 
 from otel_tracking.exporters._base import (
     BridgeContext,
-    BridgeLogExporter,
-    BridgeMetricExporter,
     BridgeParts,
-    BridgeSpanExporter,
-    bridge_parts,
+    bridge_exporters,
 )
 from otel_tracking.exporters.wandb import WandbSession, resume_kwargs
 from otel_tracking.semconv import GENERATIONS_EVENT
@@ -92,21 +89,17 @@ class VemlpWandbSession(WandbSession):
         )
 
 
-class VemlpWandbMetricExporter(BridgeMetricExporter):
-    session_class = VemlpWandbSession
-
-
-class VemlpWandbSpanExporter(BridgeSpanExporter):
-    session_class = VemlpWandbSession
-
-
-class VemlpWandbLogExporter(BridgeLogExporter):
-    session_class = VemlpWandbSession
+EXPORTERS = bridge_exporters("VemlpWandb", VemlpWandbSession, __name__)
+(VemlpWandbMetricExporter, VemlpWandbSpanExporter, VemlpWandbLogExporter) = (
+    EXPORTERS.metrics,
+    EXPORTERS.spans,
+    EXPORTERS.logs,
+)
 
 
 def open_bridge(context: BridgeContext, platform_module: Any = None) -> BridgeParts:
     session = VemlpWandbSession.open(context, platform_module)
-    return bridge_parts(session, VemlpWandbMetricExporter, VemlpWandbSpanExporter, VemlpWandbLogExporter)
+    return EXPORTERS.parts(session)
 
 
 __all__ = [

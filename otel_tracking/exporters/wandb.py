@@ -47,14 +47,11 @@ from typing import Any
 
 from otel_tracking.exporters._base import (
     BridgeContext,
-    BridgeLogExporter,
-    BridgeMetricExporter,
     BridgeParts,
     BridgeSession,
-    BridgeSpanExporter,
     Event,
     StepRecord,
-    bridge_parts,
+    bridge_exporters,
     phase_spans,
     sample_parts,
     span_timing,
@@ -402,20 +399,12 @@ def resume_kwargs(context: BridgeContext) -> dict[str, Any]:
     return kwargs
 
 
-class WandbMetricExporter(BridgeMetricExporter):
-    session_class = WandbSession
-
-
-class WandbSpanExporter(BridgeSpanExporter):
-    session_class = WandbSession
-
-
-class WandbLogExporter(BridgeLogExporter):
-    session_class = WandbSession
+EXPORTERS = bridge_exporters("Wandb", WandbSession, __name__)
+WandbMetricExporter, WandbSpanExporter, WandbLogExporter = EXPORTERS.metrics, EXPORTERS.spans, EXPORTERS.logs
 
 
 def open_bridge(context: BridgeContext) -> BridgeParts:
-    return bridge_parts(WandbSession.open(context), WandbMetricExporter, WandbSpanExporter, WandbLogExporter)
+    return EXPORTERS.parts(WandbSession.open(context))
 
 
 __all__ = [
