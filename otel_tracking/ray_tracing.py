@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from otel_tracking.propagation import attach, inject
 
 CARRIER_KWARG = "_otel_context"
+
+logger = logging.getLogger("otel_tracking")
 
 T = TypeVar("T")
 
@@ -115,13 +118,19 @@ def _wrap(func: Callable[..., Any], method: bool) -> Callable[..., Any]:
 def _delivered() -> None:
     from otel_tracking.worker import deliver_pending
 
-    deliver_pending()
+    try:
+        deliver_pending()
+    except Exception:  # telemetry never changes what a call returns or raises
+        logger.exception("otel-tracking: waiting for a call's spans failed")
 
 
 async def _delivered_async() -> None:
     from otel_tracking.worker import deliver_pending_async
 
-    await deliver_pending_async()
+    try:
+        await deliver_pending_async()
+    except Exception:
+        logger.exception("otel-tracking: waiting for a call's spans failed")
 
 
 def _with_carrier(signature: inspect.Signature) -> inspect.Signature:
