@@ -34,6 +34,7 @@ import math
 import multiprocessing.util
 import os
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -56,9 +57,11 @@ _disabled_pid: int | None = None  # OTEL_SDK_DISABLED in this process: no worker
 
 # How long the end of a traced call waits for its spans to leave.  Against a healthy endpoint that
 # is one round trip; a failing one spools within its retries (~1 s); only a hung endpoint reaches
-# this bound, and then the next calls do not wait until the queue has drained (see deliver_pending).
+# this bound, and then calls do not wait for STALL_PAUSE_S, or until the queue is seen empty.
 RETURN_TIMEOUT_S = 5.0
-_stalled = False  # a wait at a call's end timed out: later calls do not wait until it drained
+STALL_PAUSE_S = 60.0
+_stalled_until = 0.0  # monotonic time before which calls do not wait (a wait timed out)
+_warned_stall = False
 
 
 def configure_worker(*, role: str | None = None, rank: int | None = None) -> None:
@@ -157,28 +160,31 @@ def deliver_pending(timeout_s: float | None = None) -> bool:
     """Wait until this process's worker run holds no span or record: each delivered, or spooled
     after its attempts.  At the end of a Ray call (the ``traced`` wrappers call it), so that what
     the call recorded has left before its caller can end the process.  Nothing to wait for on the
-    driver (``finish()`` flushes its run) or before the first span.  A wait that times out (a hung
-    endpoint) warns once; until the queue is seen empty again, calls do not wait.  True when
-    nothing is held any more.  ``timeout_s``: :data:`RETURN_TIMEOUT_S` unless given."""
-    global _stalled
+    driver (``finish()`` flushes its run) or before the first span.  ``timeout_s`` bounds the wait
+    (:data:`RETURN_TIMEOUT_S` unless given); after one that timed out (a hung endpoint; one
+    warning per process) calls do not wait for :data:`STALL_PAUSE_S`, or until the queue is seen
+    empty.  True when nothing is held any more."""
+    global _stalled_until, _warned_stall
     run = current_run()
     if run is None or run.driver:
         return True
     if run.flush(0.0):  # nothing held: no thread is woken, no request is made
-        _stalled = False
+        _stalled_until = 0.0
         return True
-    if _stalled:
+    if time.monotonic() < _stalled_until:
         return False
     timeout_s = RETURN_TIMEOUT_S if timeout_s is None else timeout_s
     delivered = run.flush(timeout_s)
     if not delivered:
-        _stalled = True
-        logger.warning(
-            "otel-tracking: the spans of this process (pid %d) did not leave within %.0f s of the end of a call; "
-            "calls no longer wait for them until the exporter catches up (a process ended meanwhile loses what "
-            "is still queued)",
+        _stalled_until = time.monotonic() + STALL_PAUSE_S
+        log = logger.debug if _warned_stall else logger.warning
+        _warned_stall = True
+        log(
+            "otel-tracking: the spans of this process (pid %d) did not leave within %g s of the end of a call; "
+            "calls do not wait for them for the next %g s (a process ended meanwhile loses what is still queued)",
             os.getpid(),
             timeout_s,
+            STALL_PAUSE_S,
         )
     return delivered
 

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,8 @@ def fresh_worker_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process plays a worker: its worker run and the actor it saw are this test's only."""
     monkeypatch.setattr(worker, "_defaults", {})
     monkeypatch.setattr(worker, "_actor", None)
-    monkeypatch.setattr(worker, "_stalled", False)
+    monkeypatch.setattr(worker, "_stalled_until", 0.0)
+    monkeypatch.setattr(worker, "_warned_stall", False)
     yield
 
 
@@ -234,9 +236,12 @@ def test_a_hung_endpoint_costs_one_bounded_wait_and_one_warning(
         with caplog.at_level(logging.WARNING, logger="otel_tracking"):
             for batch in range(3):
                 assert actor.update(batch) == 2 * batch
-        # the first call waited (and gave up), the later ones only looked
-        assert [w for w in waits if w > 0] == [0.5]
+            # the first call waited (and gave up), the later ones only looked
+            assert [w for w in waits if w > 0] == [0.5]
+            worker._stalled_until = time.monotonic() - 1.0  # STALL_PAUSE_S later: calls wait again
+            actor.update(3)
+            assert [w for w in waits if w > 0] == [0.5, 0.5]
         stalled = [r for r in caplog.records if "did not leave within" in r.getMessage()]
-        assert len(stalled) == 1
+        assert len(stalled) == 1, "one warning per process"
     finally:
         hung.close()
