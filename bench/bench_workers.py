@@ -31,6 +31,11 @@ Parts:
          --kills times; also SIGTERM (default disposition, and with a handler raising SystemExit) and a
          normal exit.  Each worker writes one byte per ended span on a pipe; lost = ended - arrived.
 
+``--spans-per-call 1,10`` adds cost workers (100 ms export interval) whose spans come in calls of
+that many, each call ending as a ``traced`` Ray method's does: :func:`otel_tracking.worker.deliver_pending`
+waits until the call's spans have left (Ray may ``_exit`` the process once the caller has the
+result); the time each call's end waits is reported too.
+
 ``--export-interval-ms`` compares the delivery's ``Policy.export_interval_s`` (at most one export
 per interval for a busy sink; not yet a setting: the workers set it on their run).  Scale and kill
 run once per interval; cost and micro put them side by side.
@@ -57,6 +62,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -265,9 +271,11 @@ def child_paced(spec: dict[str, Any]) -> None:
     import atexit
 
     from otel_tracking import trace_state
-    from otel_tracking.worker import worker_run
+    from otel_tracking.worker import deliver_pending, worker_run
 
     kind = spec.get("kind", "trace_state")
+    spans_per_call = spec.get("spans_per_call")  # a traced Ray call's end every that many spans
+    call_ends: list[float] = []  # seconds each call's end waited for its spans to leave
     rate, seconds = spec["rate"], spec["seconds"]
     lane = f"rank_{spec.get('rank', 0)}"
     count_fd = spec.get("count_fd")
@@ -323,6 +331,10 @@ def child_paced(spec: dict[str, Any]) -> None:
                 pass
         i += 1
         result["spans"] = i
+        if spans_per_call and i % spans_per_call == 0:
+            waited = time.perf_counter()
+            deliver_pending()
+            call_ends.append(time.perf_counter() - waited)
         if i == 1 and kind == "trace_state":
             state["run"] = worker_run()  # the run the first span built (the exit hook finishes it)
             if "export_interval_s" in spec:  # 0 too: worker runs default to OTEL_BSP_SCHEDULE_DELAY=100
@@ -344,6 +356,12 @@ def child_paced(spec: dict[str, Any]) -> None:
     )
     if warm is not None and end > warm[0]:
         result["steady_cpu_per_wall"] = (cpu_end - warm[1]) / (end - warm[0])
+    if call_ends:
+        result.update(
+            calls=len(call_ends),
+            call_end_p50_ms=percentile(call_ends, 50) * 1e3,
+            call_end_p99_ms=percentile(call_ends, 99) * 1e3,
+        )
     state["end"] = end
 
 
@@ -541,15 +559,22 @@ def part_scale(workers: Workers, args: argparse.Namespace, interval_ms: float) -
     }
 
 
-def cost_kinds(intervals_ms: list[float]) -> dict[str, dict[str, Any]]:
+def cost_kinds(intervals_ms: list[float], spans_per_call: Sequence[int] = ()) -> dict[str, dict[str, Any]]:
     kinds = {f"trace_state@{ms:g}": {"kind": "trace_state", "export_interval_s": ms / 1e3} for ms in intervals_ms}
-    return {**kinds, "sdk": {"kind": "sdk"}, "bare": {"kind": "none"}}
+    calls = {
+        f"calls@{n}": {"kind": "trace_state", "export_interval_s": CALLS_EXPORT_INTERVAL_S, "spans_per_call": n}
+        for n in spans_per_call
+    }
+    return {**kinds, **calls, "sdk": {"kind": "sdk"}, "bare": {"kind": "none"}}
+
+
+CALLS_EXPORT_INTERVAL_S = 0.1  # a worker run's default (settings.WORKER_EXPORT_INTERVAL_S)
 
 
 def part_cost(workers: Workers, args: argparse.Namespace) -> dict[str, Any]:
     """Instrumented workers (one per export interval), a plain-SDK one and a bare one, side by side,
     --cost-rounds times."""
-    kinds = cost_kinds(args.intervals)
+    kinds = cost_kinds(args.intervals, args.calls)
     rounds = []
     for _ in range(args.cost_rounds):
         common = {"mode": "paced", "rate": args.rate, "seconds": args.cost_seconds}
@@ -564,6 +589,9 @@ def part_cost(workers: Workers, args: argparse.Namespace) -> dict[str, Any]:
         runs = [r[name] for r in rounds]
         x = {key: statistics.median(r[key] for r in runs) for key in keys}
         x["rss_growth_mb"] = statistics.median(r["rss_mb_end"] - r["rss_mb_before"] for r in runs)
+        if "calls" in runs[0]:
+            for key in ("calls", "call_end_p50_ms", "call_end_p99_ms"):
+                x[key] = statistics.median(r[key] for r in runs)
         if bare is None:
             bare = x
         else:
@@ -791,6 +819,12 @@ def render(report: dict[str, Any]) -> str:
         for key, r in c["workers"].items():
             if key.startswith("trace_state@"):
                 name = f"trace_state, {_interval(float(key.split('@')[1]))}"
+            elif key.startswith("calls@"):
+                name = (
+                    f"trace_state, export_interval {CALLS_EXPORT_INTERVAL_S * 1e3:g} ms, a call's end every "
+                    f"{key.split('@')[1]} span(s), waiting p50 {r['call_end_p50_ms']:.2f} / p99 "
+                    f"{r['call_end_p99_ms']:.2f} ms"
+                )
             else:
                 name = {"sdk": "plain OTel SDK span + BatchSpanProcessor", "bare": "bare (same loop, no spans)"}[key]
             over = r.get("over_bare")
@@ -862,6 +896,12 @@ def main() -> int:
         help="comma list: the delivery's export_interval (0 = the default, each span at once); "
         "scale, kill are run for each, cost and micro compare them side by side",
     )
+    parser.add_argument(
+        "--spans-per-call",
+        default="",
+        help="comma list: cost workers whose spans come in traced calls of this many, each call's end "
+        "waiting until its spans left (deliver_pending)",
+    )
     parser.add_argument("--cost-seconds", type=float, default=20.0)
     parser.add_argument("--cost-rounds", type=int, default=1)
     parser.add_argument("--micro-rounds", type=int, default=10)
@@ -882,6 +922,7 @@ def main() -> int:
         print(render(json.loads(args.render.read_text())))
         return 0
     args.intervals = [float(x) for x in args.export_interval_ms.split(",")]
+    args.calls = [int(x) for x in args.spans_per_call.split(",") if x]
 
     def per_interval(part: Any) -> Any:
         return lambda w, a: {f"{ms:g}": part(w, a, ms) for ms in a.intervals}

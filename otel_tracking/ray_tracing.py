@@ -17,19 +17,24 @@ function's signature (``__signature__``, which Ray checks calls against; the wra
 ``__wrapped__``, since Ray unwraps before reading signatures).  ``with_context`` fills it with the
 caller's context (:func:`otel_tracking.propagation.inject`: the current span, or the driver's
 step span) for ``.remote()`` calls on a handle, a method or a remote function, from any process.
-Inside the call, ``trace_state`` spans hang under the caller's span and carry its run identity.
+Inside the call, ``trace_state`` spans hang under the caller's span and carry its run identity,
+and the call returns only once they have left the process (Ray ends its workers with ``_exit``,
+see :mod:`otel_tracking.worker`).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from otel_tracking.propagation import attach, inject
 
 CARRIER_KWARG = "_otel_context"
+
+logger = logging.getLogger("otel_tracking")
 
 T = TypeVar("T")
 
@@ -58,41 +63,74 @@ def _wrap(func: Callable[..., Any], method: bool) -> Callable[..., Any]:
 
     def enter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if method and args:
-            from otel_tracking.worker import default_role
+            from otel_tracking.worker import actor_defaults
 
-            default_role(type(args[0]).__name__)  # ml.role of this worker, unless configured
+            actor_defaults(args[0])  # ml.role and ml.rank of this worker, unless configured
         return attach(kwargs.pop(CARRIER_KWARG, None))
 
+    # Each wrapper returns (or raises, or ends its stream) only after the spans of the call have
+    # left (deliver_pending): Ray may end this process with _exit as soon as its caller has the
+    # result, running no Python code first (see worker.py).
     wrapper: Callable[..., Any]
     if inspect.isasyncgenfunction(func):
 
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with enter(args, kwargs):
-                async for item in func(*args, **kwargs):
-                    yield item
+            try:
+                with enter(args, kwargs):
+                    async for item in func(*args, **kwargs):
+                        yield item
+            finally:
+                await _delivered_async()
 
     elif inspect.isgeneratorfunction(func):
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with enter(args, kwargs):
-                yield from func(*args, **kwargs)
+            try:
+                with enter(args, kwargs):
+                    yield from func(*args, **kwargs)
+            finally:
+                _delivered()
 
     elif inspect.iscoroutinefunction(func):
 
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with enter(args, kwargs):
-                return await func(*args, **kwargs)
+            try:
+                with enter(args, kwargs):
+                    return await func(*args, **kwargs)
+            finally:
+                await _delivered_async()
 
     else:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with enter(args, kwargs):
-                return func(*args, **kwargs)
+            try:
+                with enter(args, kwargs):
+                    return func(*args, **kwargs)
+            finally:
+                _delivered()
 
     functools.update_wrapper(wrapper, func)
     del wrapper.__wrapped__  # type: ignore[union-attr]  # Ray reads the signature after inspect.unwrap
     wrapper.__signature__ = _with_carrier(signature)  # type: ignore[union-attr]
     return wrapper
+
+
+def _delivered() -> None:
+    from otel_tracking.worker import deliver_pending
+
+    try:
+        deliver_pending()
+    except Exception:  # telemetry never changes what a call returns or raises
+        logger.exception("otel-tracking: waiting for a call's spans failed")
+
+
+async def _delivered_async() -> None:
+    from otel_tracking.worker import deliver_pending_async
+
+    try:
+        await deliver_pending_async()
+    except Exception:
+        logger.exception("otel-tracking: waiting for a call's spans failed")
 
 
 def _with_carrier(signature: inspect.Signature) -> inspect.Signature:

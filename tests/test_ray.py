@@ -22,6 +22,7 @@ import ray
 
 from otel_tracking import Tracking, trace_state
 from otel_tracking.ray_tracing import CARRIER_KWARG, runtime_env, traced, with_context
+from otel_tracking.worker import configure_worker
 from tests.otlp_receiver import HttpReceiver, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,6 +95,37 @@ class RolloutServer:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+@ray.remote
+@traced
+class Ranked:
+    def __init__(self, rank: int, configured: int | None = None) -> None:
+        self.rank = rank
+        if configured is not None:
+            configure_worker(rank=configured)
+
+    def work(self) -> int:
+        with trace_state("ranked_work"):
+            return os.getpid()
+
+
+def test_worker_rank_from_configure_worker_then_rank_then_the_actors_attribute(
+    cluster: None, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        env = runtime_env()
+        with_rank_variable = runtime_env({"env_vars": {"RANK": "4"}})
+        actors = {
+            "attribute": Ranked.options(runtime_env=env).remote(1),
+            "configured": Ranked.options(runtime_env=with_rank_variable).remote(1, configured=9),
+            "variable": Ranked.options(runtime_env=with_rank_variable).remote(1),
+        }
+        pids = {name: ray.get(actor.work.remote()) for name, actor in actors.items()}
+        # the call returned after its span left the actor: it is at the endpoint now
+        ranks = {s["resource"]["process.pid"]: s["resource"].get("ml.rank") for s in receiver.received.spans()}
+    assert {name: ranks.get(pid) for name, pid in pids.items()} == {"attribute": 1, "configured": 9, "variable": 4}
 
 
 def test_traced_signature_names_the_carrier_and_keeps_the_kind() -> None:
@@ -191,14 +223,18 @@ def test_driver_step_traces_continue_into_ray_actors(
             assert parent["name"] == "generate_sequences"
             assert resource["process.pid"] == pids["rollout"] and resource["ml.role"] == "RolloutServer"
             assert span["attributes"]["ml.lane"] == "replica_0"
+            assert "ml.rank" not in resource, "an actor without a rank attribute has none"
         elif span["name"] == "update_actor":
             # Called outside any span on the driver: directly under the step's root span.
             assert parent is root
             assert resource["process.pid"] in pids["actor"] and resource["ml.role"] == "ActorWorker"
-            assert span["attributes"]["ml.lane"] == f"rank_{pids['actor'].index(resource['process.pid'])}"
+            rank = pids["actor"].index(resource["process.pid"])
+            assert span["attributes"]["ml.lane"] == f"rank_{rank}"
+            assert resource["ml.rank"] == rank, "ml.rank: the actor's rank attribute"
         else:
             assert span["name"] == "reward_fn" and parent["name"] == "update_actor"
             assert resource["process.pid"] != os.getpid()  # a Ray task worker
+            assert "ml.rank" not in resource
         # The step in progress travels in the baggage: before the first log() it is 0, then last + 1.
         assert span["attributes"]["ml.step"] == {1: 0, 2: 2}[root["attributes"]["ml.step"]]
     # Concurrent requests on one lane do not nest under each other.
