@@ -25,14 +25,16 @@ from otel_tracking.bridge_process import start_bridges
 from otel_tracking.pipeline import Sink
 from otel_tracking.registry import (
     SUPPORTED_BACKENDS,
+    WRITTEN_AT_ONCE,
     build_checked_sink,
     build_env_sinks,
     build_otlp_sinks,
     check_bridge,
+    check_env_sinks,
     is_bridge,
 )
 from otel_tracking.rl_insight import RLInsightLogger
-from otel_tracking.run import Run
+from otel_tracking.run import Run, check_spool_dir
 from otel_tracking.settings import Settings, build_settings
 
 logger = logging.getLogger("otel_tracking")
@@ -77,30 +79,35 @@ class Tracking:
         settings = build_settings(
             str(project_name), str(experiment_name), tuple(names), force_otlp=insight, resume=resume
         )
+        settings = check_spool_dir(settings)
+        # Everything that can be found wrong without opening anything is found first (a missing
+        # package, a bad tracker setting, an OTEL_*_EXPORTER name that is nothing): a failed
+        # Tracking() leaves nothing open and nothing written.
+        bridges = [n for n in names if is_bridge(n)]
+        for name in bridges:
+            check_bridge(name, settings)
+        check_env_sinks(settings, taken=names)
         _say_resume(settings)
-        built: list[Sink] = []
-        remote: dict[str, Sink] = {}
+        built: dict[str, Sink] = {}
+        extra: list[Sink] = []
+        periodic: list[Sink] = []
         try:
-            # The ML bridges in one child process (bridge_process.py), the rest here.
-            bridges = [n for n in names if is_bridge(n)] if settings.bridge_process else []
-            for name in bridges:  # what needs no server fails here, before any process starts
-                check_bridge(name, settings)
-            if bridges:
-                remote = dict(zip(bridges, start_bridges(bridges, settings, config), strict=True))
-            for name in names:
-                if name != "rl_insight":
-                    built.append(remote.get(name) or build_checked_sink(name, settings, config))
-            step_sinks, periodic = build_env_sinks(settings, config, taken=names)
-            built.extend(step_sinks)
-            built.extend(periodic)
+            # The ML bridges in one child process (bridge_process.py), the rest here; the file and
+            # console sinks last, as nothing after them can fail.
+            if bridges and settings.bridge_process:
+                built.update(zip(bridges, start_bridges(bridges, settings, config), strict=True))
+            local = [n for n in names if n not in built and n != "rl_insight"]
+            for name in sorted(local, key=lambda n: n in WRITTEN_AT_ONCE):
+                built[name] = build_checked_sink(name, settings, config)
+            extra, periodic = build_env_sinks(settings, config, taken=names)
             otlp = build_otlp_sinks(settings)
-            sinks = [s for s in built if s not in periodic]
+            sinks = [built[n] for n in names if n in built] + extra
             self._run = Run(settings, sinks, otlp_sinks=otlp, periodic_sinks=periodic)
         except BaseException:  # nothing half-built stays behind: no sink open, no bridge process
-            for sink in [*built, *(s for s in remote.values() if s not in built)]:
+            for sink in [*built.values(), *extra, *periodic]:
                 sink.finish(1)
             raise
-        self.logger: dict[str, Sink] = {sink.name: sink for sink in built}
+        self.logger: dict[str, Sink] = {sink.name: sink for sink in [*sinks, *periodic]}
         if insight:
             RLInsightLogger.attach(self._run, config)
 

@@ -42,10 +42,10 @@ from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkS
 from otel_tracking.propagation import extract_env, has_span, step_from, with_identity
 from otel_tracking.redact import is_secret_key, redact, redact_attributes, scrub_strings
 from otel_tracking.resume import RunRecord, record_name
-from otel_tracking.settings import Settings
+from otel_tracking.settings import Settings, path_part
 from otel_tracking.spans import STEP_SPAN_NAME
 from otel_tracking.steps import LatestValues, StepBatch
-from otel_tracking.values import split_values, to_step
+from otel_tracking.values import checked_others, split_values, step_as_logged, to_step
 
 logger = logging.getLogger("otel_tracking")
 
@@ -102,10 +102,36 @@ def build_resource(settings: Settings) -> Resource:
     return Resource(kept, created.schema_url)
 
 
+def check_spool_dir(settings: Settings) -> Settings:
+    """The settings with ``spool_writable`` said: the spool directory is made and a file written
+    and removed there.  When that fails, one warning says what it costs (nothing can be spooled:
+    what a backend cannot take is dropped, and counted; no reattach record)."""
+    if settings.spool_writable is not None:
+        return settings
+    directory = settings.spool_dir
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = directory / f".probe.{os.getpid()}.{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        logger.warning(
+            "otel-tracking: the spool directory %s cannot be written (%s; OTEL_TRACKING_SPOOL_DIR chooses it): "
+            "what a backend cannot take in time is dropped instead of kept for `otel-tracking replay` (the "
+            "summary at finish() counts it), and a restarted job cannot resume this run",
+            directory,
+            error.strerror or type(error).__name__,
+        )
+        return dataclasses.replace(settings, spool_writable=False)
+    return dataclasses.replace(settings, spool_writable=True)
+
+
 def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
     """Where a queued sink keeps what it cannot deliver; the header tells replay how to rebuild it."""
-    if sink.inline:
+    if sink.inline or settings.spool_writable is False:
         return None
+    from otel_tracking.registry import destination
+
     header = {
         "sink": sink.name,
         "project": settings.project,
@@ -114,9 +140,11 @@ def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
         "resume": sink.resume,
         "pid": pid,
         "attempt": settings.attempt,
+        # Where the tracker was configured to write, known before it opens (or if it never does).
+        "destination": destination(sink.name, settings),
     }
     # Ranks of one job share a run id, and each has its own tracker runs: a file (and a header) each.
-    name = sink.name if settings.rank is None else f"{sink.name}.rank{settings.rank}"
+    name = path_part(sink.name if settings.rank is None else f"{sink.name}.rank{settings.rank}")
     # A resumed run has the run id, so the spool directory, of the attempt before it, whose spool
     # may wait there for replay: each attempt writes files of its own.
     if settings.attempt > 1:
@@ -137,7 +165,7 @@ def start_record(settings: Settings, sinks: Sequence[Sink]) -> RunRecord:
         settings.rank,
         previous,
     )
-    if not record.write():
+    if settings.spool_writable is not False and not record.write():  # (unwritable: said already)
         logger.warning(
             "otel-tracking: cannot write %s; a restarted job will not be able to resume this run", record.path
         )
@@ -161,6 +189,7 @@ class Run:
         as a periodic export of the latest values.  A ``driver`` run (the one ``Tracking`` builds)
         roots each step's trace in a step span; a worker run (see ``worker.py``) continues the
         traces handed to it and leaves the process's signal handlers alone."""
+        settings = check_spool_dir(settings)
         self.settings = settings
         self.driver = driver
         self.identity = {
@@ -273,12 +302,20 @@ class Run:
     # --- the hot path ----------------------------------------------------------------------------
 
     def log(self, data: Mapping[str, Any], step: Any, backends: Sequence[str] | None = None) -> None:
-        step = to_step(step)  # bad input gets its error even after finish()
-        scalars, others = split_values(data)
+        # Every value is checked against what the sinks can write before anything is recorded;
+        # bad input gets its error even after finish().
+        given_step, step = step, to_step(step)
+        scalars, others, as_logged = split_values(data)
+        others_json = None
+        if others:  # strings, however nested, scanned for credentials (numbers never are)
+            try:
+                others = scrub_strings(others)
+            except RecursionError:  # a value that contains itself: the check below names its key
+                checked_others(others)
+                raise
+            others_json = checked_others(others)
         if self.finished:
             return
-        if others:  # strings, however nested, scanned for credentials (numbers never are)
-            others = scrub_strings(others)
         if self.pid != os.getpid():  # a forked child must not re-export its parent's run
             _warn_forked_once()
             return
@@ -288,7 +325,9 @@ class Run:
             # One compact StepBatch for every sink: step exporters take its record directly, any
             # other metric exporter gets the MetricsData built from it (in its worker, if queued).
             order = tuple(data) if scalars and others else None  # the file sink writes the caller's order
-            batch = StepBatch(self.resource, step, scalars, others, now, order)
+            batch = StepBatch(
+                self.resource, step, scalars, others, now, order, others_json, as_logged, step_as_logged(given_step)
+            )
             for sink in targets:
                 sink.export_metrics(batch)
         if self._latest is not None:
