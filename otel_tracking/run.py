@@ -336,6 +336,17 @@ class Run:
         if self._step_span is not None:
             self._end_step(step, now)
 
+    def observe(self, data: Mapping[str, Any], step: Any) -> None:
+        """Numbers for the observability path only (OTLP gauges), as ``RLInsightLogger.log`` sends
+        them.  The training loop's step is the driver's: ``last_step`` (what the next phase is
+        stamped with), the step's root span and the ``train.step`` gauge stay as ``log()`` left
+        them.  A run of its own (no ``Tracking``) has no other step: there ``train.step`` follows."""
+        step = to_step(step)
+        scalars, _, _ = split_values(data)
+        if self.finished or self.pid != os.getpid() or self._latest is None:
+            return
+        self._latest.update(None if self.driver else step, scalars, time.time_ns())
+
     def emit_event(self, event_name: str, body: Any, attributes: Mapping[str, Any] | None = None) -> None:
         if self.finished or self.pid != os.getpid():
             return

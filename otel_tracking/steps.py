@@ -143,20 +143,25 @@ class LatestValues:
         self._step: tuple[int, int] | None = None
         self._names = InstrumentNames()
 
-    def update(self, step: int, scalars: Mapping[str, int | float], time_ns: int) -> None:
+    def update(self, step: int | None, scalars: Mapping[str, int | float], time_ns: int) -> None:
+        """``step`` None: values only, the step gauge as it was."""
         with self._lock:
-            self._step = (step, time_ns)
+            if step is not None:
+                self._step = (step, time_ns)
             values = self._values
             for key, value in scalars.items():
                 values[key] = (value, time_ns)
 
     def snapshot(self, resource: Resource) -> MetricsData | None:
         with self._lock:
-            if self._step is None:
+            if self._step is None and not self._values:
                 return None
-            step, step_time = self._step
+            step_point = self._step
             items = list(self._values.items())
-        metrics = [_gauge(STEP_METRIC, step, step_time, description="training step of the last log() call")]
+        metrics = []
+        if step_point is not None:  # (values observed before any log() have no step yet)
+            step, step_time = step_point
+            metrics.append(_gauge(STEP_METRIC, step, step_time, description="training step of the last log() call"))
         for key, (value, time_ns) in items:
             name = self._names(key)
             metrics.append(_gauge(name, value, time_ns, description=key if name != key else None))
