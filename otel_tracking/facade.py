@@ -6,9 +6,11 @@ all deliberate:
 
 * an unknown backend raises ``ValueError`` listing the supported names (the reference asserted);
 * ``config=None`` works with every backend;
-* ``with Tracking(...) as t:`` finishes on exit, with exit code 1 when the block raised;
+* ``with Tracking(...) as t:`` finishes on exit, with exit code 1 when the block raised (130 for
+  Ctrl-C, a ``SystemExit``'s own code);
 * a run that was never finished is finished once at interpreter exit, after its exporters flushed
-  (also when the ``Tracking`` object was dropped: nothing is done in a garbage-collector finalizer);
+  (also when the ``Tracking`` object was dropped: nothing is done in a garbage-collector finalizer),
+  with the exit code the program ends with (130 after Ctrl-C, 1 after an uncaught exception);
 * ``finish()`` returns per-sink delivery counts.
 """
 
@@ -34,7 +36,7 @@ from otel_tracking.registry import (
     is_bridge,
 )
 from otel_tracking.rl_insight import RLInsightLogger
-from otel_tracking.run import Run, check_spool_dir
+from otel_tracking.run import Run, check_spool_dir, exit_code_for
 from otel_tracking.settings import Settings, build_settings
 
 logger = logging.getLogger("otel_tracking")
@@ -157,7 +159,7 @@ class Tracking:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.finish(exit_code=0 if exc_type is None else 1)
+        self.finish(exit_code=exit_code_for(exc))  # Ctrl-C: 130; SystemExit: its code; an exception: 1
 
 
 def _say_resume(settings: Settings) -> None:

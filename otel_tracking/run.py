@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -420,7 +421,8 @@ def _warn_forked_once() -> None:
         )
 
 
-# The exit code an unfinished run gets at interpreter exit: 0, or 128 + signal after SIGTERM.
+# 128 + signal after SIGTERM: the exit code an unfinished run gets at interpreter exit (else
+# _exit_code_now() says).
 _exit_code_at_exit = 0
 
 
@@ -442,13 +444,41 @@ def _finish_at_exit() -> None:
         atexit.register(_finish_open_runs)
 
 
+def exit_code_for(error: BaseException | None) -> int:
+    """The exit code a run ended by ``error`` gets, as the shell would show it: 0 for none, 130
+    for Ctrl-C (``KeyboardInterrupt``: 128 + SIGINT), ``SystemExit``'s own code (143 after our
+    SIGTERM handler), 1 for any other exception."""
+    if error is None:
+        return 0
+    if isinstance(error, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    if isinstance(error, SystemExit):
+        code = error.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 1
+
+
+def _exit_code_now() -> int:
+    """The exit code of a process whose interpreter is exiting: 128 + signal after SIGTERM; else
+    what ended the main program, which Python keeps in ``sys.last_value`` when an exception was
+    uncaught (Ctrl-C: 130; any other: 1; an interactive session's last error does not count)."""
+    if _exit_code_at_exit:
+        return _exit_code_at_exit
+    if hasattr(sys, "ps1"):
+        return 0
+    error = getattr(sys, "last_value", None)
+    return exit_code_for(error) if isinstance(error, BaseException) else 0
+
+
 def _finish_open_runs(exit_code: int | None = None, max_timeout_s: float | None = None) -> None:
     """Finish this process's open runs, newest first (each leaves the list as it finishes)."""
+    if exit_code is None:
+        exit_code = _exit_code_now()
     while (run := current_run()) is not None:
         if max_timeout_s is not None:
             timeout_s = min(max_timeout_s, run.settings.finish_timeout_s)
             run.settings = dataclasses.replace(run.settings, finish_timeout_s=timeout_s)
-        run.finish(exit_code=_exit_code_at_exit if exit_code is None else exit_code)
+        run.finish(exit_code=exit_code)
 
 
 _sigterm_installed = False
