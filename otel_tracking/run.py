@@ -67,6 +67,43 @@ def current_run() -> Run | None:
     return None
 
 
+_driver_finished_pid: int | None = None  # this process's Tracking run finished (spans.py's rule)
+_said_not_recorded = False  # since that finish()
+
+
+def refuse_span_after_finish(name: str) -> bool:
+    """Whether a span starting now is refused: a ``Tracking`` run of this process has finished and
+    no run is open, so it belongs to no run (``spans.py``).  The first refused span after each
+    ``finish()`` says so in one warning."""
+    global _said_not_recorded
+    if _driver_finished_pid != os.getpid() or current_run() is not None:
+        return False
+    if not _said_not_recorded:
+        _said_not_recorded = True
+        logger.warning(
+            "otel-tracking: trace_state(%r) after this process's Tracking run finished is not recorded, nor are "
+            "later ones until a new Tracking starts (a span belongs to a run)",
+            name,
+        )
+    return True
+
+
+STRAY_FINISH_S = 5.0  # at most this long, a new Tracking() waits for the worker run it replaces
+
+
+def _end_stray_worker_runs() -> None:
+    """A ``Tracking`` starts in a process that built a worker run before it (a ``trace_state``
+    before ``Tracking()``): that run is finished now, its spans delivered or spooled as a worker
+    run's are, so that one run is open and every later span is the driver's."""
+    pid = os.getpid()
+    with _active_lock:
+        strays = [r for r in _active_runs if r.process_worker and r.pid == pid and not r.finished]
+    for stray in strays:
+        timeout_s = min(STRAY_FINISH_S, stray.settings.finish_timeout_s)
+        stray.settings = dataclasses.replace(stray.settings, finish_timeout_s=timeout_s)
+        stray.finish()
+
+
 def inherited_identity() -> dict[str, str]:
     """The identity of the newest unfinished run this process inherited through ``fork()`` (a
     DataLoader worker, a forked helper): its spans belong to that run."""
@@ -193,6 +230,7 @@ class Run:
         settings = check_spool_dir(settings)
         self.settings = settings
         self.driver = driver
+        self.process_worker = False  # the run worker.py builds for a process without Tracking
         self.identity = {
             "ml.project": settings.project,
             "ml.experiment": settings.experiment,
@@ -242,6 +280,8 @@ class Run:
         self.tracer: Tracer = self.tracer_provider.get_tracer("otel_tracking", __version__)
         self.event_logger = self.logger_provider.get_logger("otel_tracking", __version__)
 
+        if driver:
+            _end_stray_worker_runs()
         with _active_lock:
             _active_runs.append(self)
         _finish_at_exit()
@@ -373,6 +413,9 @@ class Run:
                 _active_runs.remove(self)
         if self.pid != os.getpid():
             return self.stats()
+        if self.driver:
+            global _driver_finished_pid, _said_not_recorded
+            _driver_finished_pid, _said_not_recorded = self.pid, False
         deadline = time.monotonic() + self.settings.finish_timeout_s
         for periodic in self._periodic:
             periodic.stop()
