@@ -143,7 +143,8 @@ def build_resource(settings: Settings) -> Resource:
 def check_spool_dir(settings: Settings) -> Settings:
     """The settings with ``spool_writable`` said: the spool directory is made and a file written
     and removed there.  When that fails, one warning says what it costs (nothing can be spooled:
-    what a backend cannot take is dropped, and counted; no reattach record)."""
+    what a backend cannot take is dropped, and counted; no reattach record).  ``Tracking()`` does
+    this; a worker run (whose directory would be one per process) finds out when it first spools."""
     if settings.spool_writable is not None:
         return settings
     directory = settings.spool_dir
@@ -227,7 +228,6 @@ class Run:
         as a periodic export of the latest values.  A ``driver`` run (the one ``Tracking`` builds)
         roots each step's trace in a step span; a worker run (see ``worker.py``) continues the
         traces handed to it and leaves the process's signal handlers alone."""
-        settings = check_spool_dir(settings)
         self.settings = settings
         self.driver = driver
         self.process_worker = False  # the run worker.py builds for a process without Tracking
