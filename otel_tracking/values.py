@@ -80,7 +80,9 @@ def to_number(value: Any) -> int | float | None:
 
 def to_step(step: Any) -> int:
     """The integer step, or a TypeError naming what was given."""
-    if isinstance(step, numbers.Integral):  # int, bool, numpy ints
+    if type(step) is int:
+        value = step
+    elif isinstance(step, numbers.Integral):  # bool, numpy ints
         value = int(step)
     else:
         number = to_number(step)  # integral floats such as 3.0; 0-d arrays and tensors
