@@ -6,9 +6,11 @@ all deliberate:
 
 * an unknown backend raises ``ValueError`` listing the supported names (the reference asserted);
 * ``config=None`` works with every backend;
-* ``with Tracking(...) as t:`` finishes on exit, with exit code 1 when the block raised;
+* ``with Tracking(...) as t:`` finishes on exit, with exit code 1 when the block raised (130 for
+  Ctrl-C, a ``SystemExit``'s own code);
 * a run that was never finished is finished once at interpreter exit, after its exporters flushed
-  (also when the ``Tracking`` object was dropped: nothing is done in a garbage-collector finalizer);
+  (also when the ``Tracking`` object was dropped: nothing is done in a garbage-collector finalizer),
+  with the exit code the program ends with (130 after Ctrl-C, 1 after an uncaught exception);
 * ``finish()`` returns per-sink delivery counts.
 """
 
@@ -25,14 +27,16 @@ from otel_tracking.bridge_process import start_bridges
 from otel_tracking.pipeline import Sink
 from otel_tracking.registry import (
     SUPPORTED_BACKENDS,
+    WRITTEN_AT_ONCE,
     build_checked_sink,
     build_env_sinks,
     build_otlp_sinks,
     check_bridge,
+    check_env_sinks,
     is_bridge,
 )
 from otel_tracking.rl_insight import RLInsightLogger
-from otel_tracking.run import Run
+from otel_tracking.run import Run, check_spool_dir, exit_code_for
 from otel_tracking.settings import Settings, build_settings
 
 logger = logging.getLogger("otel_tracking")
@@ -77,30 +81,35 @@ class Tracking:
         settings = build_settings(
             str(project_name), str(experiment_name), tuple(names), force_otlp=insight, resume=resume
         )
+        settings = check_spool_dir(settings)
+        # Everything that can be found wrong without opening anything is found first (a missing
+        # package, a bad tracker setting, an OTEL_*_EXPORTER name that is nothing): a failed
+        # Tracking() leaves nothing open and nothing written.
+        bridges = [n for n in names if is_bridge(n)]
+        for name in bridges:
+            check_bridge(name, settings)
+        check_env_sinks(settings, taken=names)
         _say_resume(settings)
-        built: list[Sink] = []
-        remote: dict[str, Sink] = {}
+        built: dict[str, Sink] = {}
+        extra: list[Sink] = []
+        periodic: list[Sink] = []
         try:
-            # The ML bridges in one child process (bridge_process.py), the rest here.
-            bridges = [n for n in names if is_bridge(n)] if settings.bridge_process else []
-            for name in bridges:  # what needs no server fails here, before any process starts
-                check_bridge(name, settings)
-            if bridges:
-                remote = dict(zip(bridges, start_bridges(bridges, settings, config), strict=True))
-            for name in names:
-                if name != "rl_insight":
-                    built.append(remote.get(name) or build_checked_sink(name, settings, config))
-            step_sinks, periodic = build_env_sinks(settings, config, taken=names)
-            built.extend(step_sinks)
-            built.extend(periodic)
+            # The ML bridges in one child process (bridge_process.py), the rest here; the file and
+            # console sinks last, as nothing after them can fail.
+            if bridges and settings.bridge_process:
+                built.update(zip(bridges, start_bridges(bridges, settings, config), strict=True))
+            local = [n for n in names if n not in built and n != "rl_insight"]
+            for name in sorted(local, key=lambda n: n in WRITTEN_AT_ONCE):
+                built[name] = build_checked_sink(name, settings, config)
+            extra, periodic = build_env_sinks(settings, config, taken=names)
             otlp = build_otlp_sinks(settings)
-            sinks = [s for s in built if s not in periodic]
+            sinks = [built[n] for n in names if n in built] + extra
             self._run = Run(settings, sinks, otlp_sinks=otlp, periodic_sinks=periodic)
         except BaseException:  # nothing half-built stays behind: no sink open, no bridge process
-            for sink in [*built, *(s for s in remote.values() if s not in built)]:
+            for sink in [*built.values(), *extra, *periodic]:
                 sink.finish(1)
             raise
-        self.logger: dict[str, Sink] = {sink.name: sink for sink in built}
+        self.logger: dict[str, Sink] = {sink.name: sink for sink in [*sinks, *periodic]}
         if insight:
             RLInsightLogger.attach(self._run, config)
 
@@ -150,7 +159,7 @@ class Tracking:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.finish(exit_code=0 if exc_type is None else 1)
+        self.finish(exit_code=exit_code_for(exc))  # Ctrl-C: 130; SystemExit: its code; an exception: 1
 
 
 def _say_resume(settings: Settings) -> None:

@@ -39,6 +39,10 @@ SUPPORTED_BACKENDS: tuple[str, ...] = (
     "rl_insight",
 )
 
+# Sinks that print or create files the moment they are built: a run builds them last, so that a
+# Tracking() that fails leaves nothing written.
+WRITTEN_AT_ONCE = ("file", "console")
+
 # backend name -> module under otel_tracking.exporters
 _BRIDGES = {
     "wandb": "wandb",
@@ -67,23 +71,36 @@ _GROUPS = {
 }
 
 
-def build_sink(name: str, settings: Settings, config: Any, resume: Any = None) -> Sink:
-    """The sink for one of our backend names (not ``rl_insight``, which is the OTLP path)."""
+def build_sink(
+    name: str, settings: Settings, config: Any, resume: Any = None, signals: Iterable[str] | None = None
+) -> Sink:
+    """The sink for one of our backend names (not ``rl_insight``, which is the OTLP path);
+    ``signals``: the ones it is built for (default: all three)."""
     if name == "file":
         from otel_tracking.exporters.file import FileLogExporter, FileMetricExporter, FileSink, FileSpanExporter
 
         assert settings.file_path is not None
+        wanted = {"metrics", "traces", "logs"} if signals is None else set(signals)
+        metrics = "metrics" in wanted
         # A resumed run appends, after a line saying where the new attempt starts (exporters/file.py).
-        files = FileSink(settings.file_path, attempt=settings.attempt if settings.resumed is not None else None)
-        files.open()  # fail now on an unwritable directory, as the reference did
-        print(f"Creating file logger at {files.path.resolve()}")
+        files = FileSink(
+            settings.file_path,
+            attempt=settings.attempt if settings.resumed is not None else None,
+            run_id=settings.run_id,
+        )
+        files.open(metrics=metrics)  # fail now on an unwritable directory, as the reference did
+        shown = files.path if metrics else files.events_path
+        print(f"Creating file logger at {shown.resolve()}")
+        where = [f"{files.path.resolve()} (metrics)"] if metrics else []
+        if wanted & {"traces", "logs"}:
+            where.append(f"{files.events_path.resolve()} (spans, events)")
         return Sink(
             "file",
-            metrics=FileMetricExporter(files),
+            metrics=FileMetricExporter(files) if metrics else None,
             spans=FileSpanExporter(files),
             logs=FileLogExporter(files),
             inline=True,
-            where=f"{files.path.resolve()} (metrics), {files.events_path.resolve()} (spans, events)",
+            where=", ".join(where),
         )
     if name == "console":
         from otel_tracking.exporters.console import ConsoleMetricExporter
@@ -94,10 +111,65 @@ def build_sink(name: str, settings: Settings, config: Any, resume: Any = None) -
     return sink
 
 
-def build_checked_sink(name: str, settings: Settings, config: Any, resume: Any = None) -> Sink:
+# The variables that say where a tracker writes (never its credentials): the spool header keeps
+# their values at the run's start (``destination``), so that replay goes where the run was
+# configured to go, even when the tracker never opened.  Directories are kept absolute.
+_DESTINATION_VARIABLES: dict[str, tuple[str, ...]] = {
+    "mlflow": ("MLFLOW_TRACKING_URI",),
+    "tensorboard": ("TENSORBOARD_DIR",),
+    "wandb": ("WANDB_MODE", "WANDB_DIR", "WANDB_BASE_URL", "WANDB_ENTITY"),
+    "vemlp_wandb": ("MLP_TRACKING_REGION",),
+    "trackio": ("TRACKIO_DIR", "TRACKIO_SERVER_URL"),
+    "swanlab": ("SWANLAB_MODE", "SWANLAB_LOG_DIR"),
+    "clearml": ("CLEARML_API_HOST", "CLEARML_WEB_HOST", "CLEARML_FILES_HOST", "CLEARML_OFFLINE_MODE"),
+}
+_DIRECTORY_VARIABLES = ("TENSORBOARD_DIR", "WANDB_DIR", "TRACKIO_DIR", "SWANLAB_LOG_DIR")
+
+
+def destination(name: str, settings: Settings) -> dict[str, str | None]:
+    """Where the tracker ``name`` writes, as the values of its variables this run was configured
+    with (relative directories made absolute; TensorBoard's and SwanLab's default directories
+    too, as they depend on the working directory).  A value with credentials in it is kept as
+    None: replay then needs the variable set."""
+    env = settings.env
+    found: dict[str, str | None] = {}
+    for variable in _DESTINATION_VARIABLES.get(name, ()):
+        value = env.get(variable)
+        if value is None:
+            continue
+        if variable in _DIRECTORY_VARIABLES:
+            value = os.path.abspath(os.path.expanduser(value))
+        found[variable] = value if scrub_text(value) == value else None
+    if name == "tensorboard" and settings.tensorboard_dir is not None:
+        found["TENSORBOARD_DIR"] = os.path.abspath(settings.tensorboard_dir)
+    if name == "swanlab" and "SWANLAB_LOG_DIR" not in found:
+        found["SWANLAB_LOG_DIR"] = os.path.abspath("swanlog")
+    return found
+
+
+def with_destination(env: Mapping[str, str], header_destination: Mapping[str, str | None]) -> dict[str, str]:
+    """``env`` plus the run's destination variables it does not set itself (what is set now wins:
+    point a variable elsewhere to replay elsewhere).  ``ConfigError`` for a variable the run had
+    set with credentials in it, which the spool does not keep."""
+    out = dict(env)
+    for variable, value in header_destination.items():
+        if variable in out:
+            continue
+        if value is None:
+            raise ConfigError(
+                f"the run wrote to {variable} with credentials in it, which the spool does not keep; "
+                f"set {variable} to replay it"
+            )
+        out[variable] = value
+    return out
+
+
+def build_checked_sink(
+    name: str, settings: Settings, config: Any, resume: Any = None, signals: Iterable[str] | None = None
+) -> Sink:
     """:func:`build_sink`, with the errors a user can act on said plainly."""
     with _plain_errors(name):
-        return build_sink(name, settings, config, resume)
+        return build_sink(name, settings, config, resume, signals)
 
 
 def bridge_inputs(config: Any) -> dict[str, str]:
@@ -347,14 +419,8 @@ def _warn_if_unreachable(endpoint: str | None) -> None:
         )
 
 
-def build_env_sinks(settings: Settings, config: Any, taken: Iterable[str]) -> tuple[list[Sink], list[Sink]]:
-    """Sinks for the non-OTLP names in OTEL_*_EXPORTER: (per-step sinks, periodic metric sinks).
-
-    One of our backend names joins the run for the signals it is named for (unless the facade
-    already has it); any other name is looked up as an OpenTelemetry exporter entry point.
-    """
-    from otel_tracking.exporters._base import StepMetricExporter
-
+def _env_sink_names(settings: Settings, taken: Iterable[str]) -> dict[str, set[str]]:
+    """The non-OTLP names in OTEL_*_EXPORTER that the facade does not have already: name -> signals."""
     wanted: dict[str, set[str]] = {}
     for signal, names in (
         ("metrics", settings.extra_metric_exporters),
@@ -363,37 +429,71 @@ def build_env_sinks(settings: Settings, config: Any, taken: Iterable[str]) -> tu
     ):
         for name in names:
             wanted.setdefault(name, set()).add(signal)
+    for name in set(taken):
+        wanted.pop(name, None)
+    return wanted
 
+
+def check_env_sinks(settings: Settings, taken: Iterable[str]) -> None:
+    """Raise the ``ConfigError`` that :func:`build_env_sinks` would, before anything is built: a
+    name that is neither one of our backends nor an installed entry point, a tracker's setup."""
+    for name, signals in _env_sink_names(settings, taken).items():
+        if name in SUPPORTED_BACKENDS and name != "rl_insight":
+            if is_bridge(name):
+                check_bridge(name, settings)
+            continue
+        for signal in signals:
+            _load_entry_point(signal, name)
+
+
+def build_env_sinks(settings: Settings, config: Any, taken: Iterable[str]) -> tuple[list[Sink], list[Sink]]:
+    """Sinks for the non-OTLP names in OTEL_*_EXPORTER: (per-step sinks, periodic metric sinks).
+
+    One of our backend names joins the run for the signals it is named for (unless the facade
+    already has it); any other name is looked up as an OpenTelemetry exporter entry point.  When
+    one fails to build, those built before it are finished: nothing is left open.
+    """
     step_sinks: list[Sink] = []
     periodic: list[Sink] = []
-    taken = set(taken)
-    for name, signals in wanted.items():
-        if name in taken:
-            continue
-        if name in SUPPORTED_BACKENDS and name != "rl_insight":
-            sink = build_sink(name, settings, config)
-            if "metrics" not in signals:
-                sink.metrics = None
-            if "traces" not in signals:
-                sink.spans = None
-            if "logs" not in signals:
-                sink.logs = None
-            step_sinks.append(sink)
-            continue
-        exporters = {signal: _load_entry_point(signal, name)() for signal in signals}
-        metrics = exporters.get("metrics")
-        sink = Sink(
-            name,
-            metrics=metrics,
-            spans=exporters.get("traces"),
-            logs=exporters.get("logs"),
-            where=f"OpenTelemetry exporter {name!r}",
-        )
-        if metrics is not None and not isinstance(metrics, StepMetricExporter):
-            periodic.append(sink)
-        else:
-            step_sinks.append(sink)
+    try:
+        wanted = _env_sink_names(settings, taken)
+        for name in sorted(wanted, key=lambda n: n in WRITTEN_AT_ONCE):  # they last: nothing after can fail
+            sink = _env_sink(name, wanted[name], settings, config)
+            if name not in SUPPORTED_BACKENDS and sink.metrics is not None and not _is_step_exporter(sink.metrics):
+                periodic.append(sink)
+            else:
+                step_sinks.append(sink)
+    except BaseException:
+        for sink in [*step_sinks, *periodic]:
+            sink.finish(1)
+        raise
     return step_sinks, periodic
+
+
+def _is_step_exporter(exporter: Any) -> bool:
+    from otel_tracking.exporters._base import StepMetricExporter
+
+    return isinstance(exporter, StepMetricExporter)
+
+
+def _env_sink(name: str, signals: set[str], settings: Settings, config: Any) -> Sink:
+    if name in SUPPORTED_BACKENDS and name != "rl_insight":
+        sink = build_checked_sink(name, settings, config, signals=signals)
+        if "metrics" not in signals:
+            sink.metrics = None
+        if "traces" not in signals:
+            sink.spans = None
+        if "logs" not in signals:
+            sink.logs = None
+        return sink
+    exporters = {signal: _load_entry_point(signal, name)() for signal in signals}
+    return Sink(
+        name,
+        metrics=exporters.get("metrics"),
+        spans=exporters.get("traces"),
+        logs=exporters.get("logs"),
+        where=f"OpenTelemetry exporter {name!r}",
+    )
 
 
 def _load_entry_point(signal: str, name: str) -> Any:

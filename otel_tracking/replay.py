@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -24,27 +25,46 @@ from otel_tracking.settings import build_settings, spool_root
 _OTLP = {"otlp-metrics": "metrics", "otlp-traces": "traces", "otlp-logs": "logs"}
 
 
+_ATTEMPT = re.compile(r"\.attempt(\d+)(?=\.)")
+_LINK = re.compile(r"\.link(?=\.jsonl$)")  # what the training process spooled when the bridge process was gone
+
+
 def spool_files(paths: Iterable[Path]) -> list[Path]:
+    """The spool files under ``paths``, in the order their items were logged: a sink's file of
+    each attempt of a run after the attempt before it (``mlflow.jsonl``, ``mlflow.attempt2.jsonl``,
+    ...), whatever their names sort as."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*.jsonl") if p.is_file()))
+            found.extend(p for p in path.rglob("*.jsonl") if p.is_file())
         elif path.is_file():
             found.append(path)
-    return found
+    return sorted(dict.fromkeys(found), key=_logged_order)
+
+
+def _logged_order(path: Path) -> tuple[str, str, int, str]:
+    """(directory, the sink's file name without attempt or link tag, attempt, name)."""
+    match = _ATTEMPT.search(path.name)
+    attempt = int(match.group(1)) if match else 1
+    return str(path.parent), _LINK.sub("", _ATTEMPT.sub("", path.name)), attempt, path.name
 
 
 def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Sink:
-    from otel_tracking.registry import build_otlp_sinks, build_sink
+    from otel_tracking.registry import build_otlp_sinks, build_sink, with_destination
 
-    e = dict(os.environ if env is None else env)
-    e["OTEL_TRACKING_RUN_ID"] = str(header.get("run_id") or "")
+    e = with_destination(os.environ if env is None else env, header.get("destination") or {})
     name = str(header["sink"])
     resume = header.get("resume") or {}
     if name in _OTLP and resume.get("protocol"):
         e.setdefault("OTEL_EXPORTER_OTLP_PROTOCOL", str(resume["protocol"]))
     settings = build_settings(
-        str(header["project"]), str(header["experiment"]), (), env=e, force_otlp=True, resume="never"
+        str(header["project"]),
+        str(header["experiment"]),
+        (),
+        env=e,
+        force_otlp=True,
+        resume="never",
+        run_id=str(header.get("run_id") or "") or None,
     )
     if name in _OTLP:
         signal = _OTLP[name]

@@ -38,7 +38,31 @@ from typing import Any
 
 NEVER = "never"
 AUTO = "auto"
-_RUN_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+_RUN_ID = re.compile(r"^(?!\.+$)[A-Za-z0-9_.\-]{1,128}$")  # and not "." or ".."
+_MODE_WORDS = ("never", "auto", "allow", "true", "false")  # the words of 4 letters or more parse_mode knows
+
+
+def is_run_id(text: str) -> bool:
+    return bool(_RUN_ID.match(text))
+
+
+def looks_like_a_mode(value: str) -> bool:
+    """Whether a would-be run id is one typo away from a word of :func:`parse_mode` (``atuo``,
+    ``nevr``, ``Auot``): one edit or a swap of neighbours, for words of 4 letters or more."""
+    lowered = value.lower()
+    return any(_one_edit_apart(lowered, word) for word in _MODE_WORDS)
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        if len(diff) == 1:
+            return True
+        return len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
 
 
 def parse_mode(raw: str | None, variable: str = "OTEL_TRACKING_RESUME") -> str:
@@ -49,8 +73,10 @@ def parse_mode(raw: str | None, variable: str = "OTEL_TRACKING_RESUME") -> str:
         return NEVER
     if lowered in (AUTO, "true", "yes", "1", "on", "allow"):
         return AUTO
-    if not _RUN_ID.match(value):
-        raise ValueError(f"{variable}={raw!r} is not 'auto', 'never' or a run id (letters, digits, '_', '.', '-')")
+    if not is_run_id(value):
+        raise ValueError(
+            f"{variable}={raw!r} is not 'auto', 'never' or a run id (letters, digits, '_', '.', '-'; not only dots)"
+        )
     return value
 
 

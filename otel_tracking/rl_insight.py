@@ -74,8 +74,9 @@ class RLInsightLogger:
             return
         if not cls._init_done:
             cls.init()
-        # Gauges for the observability path only: no ML sink sees these.
-        cls._run.log(data, step, backends=())
+        # Gauges for the observability path only: no ML sink sees these, and the step of a
+        # shared Tracking run stays the training loop's (Run.observe).
+        cls._run.observe(data, step)
 
     @classmethod
     def finish(cls) -> None:

@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -43,9 +44,9 @@ from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkS
 from otel_tracking.redact import is_secret_key, redact, redact_attributes, scrub_strings
 from otel_tracking.resume import RunRecord, record_name
 from otel_tracking.semconv import ENDED_BY, STEP_SPAN_NAME
-from otel_tracking.settings import Settings
+from otel_tracking.settings import Settings, path_part
 from otel_tracking.steps import LatestValues, StepBatch
-from otel_tracking.values import split_values, to_step
+from otel_tracking.values import checked_others, split_values, step_as_logged, to_step
 
 logger = logging.getLogger("otel_tracking")
 
@@ -63,6 +64,43 @@ def current_run() -> Run | None:
             if not run.finished and run.pid == os.getpid():
                 return run
     return None
+
+
+_driver_finished_pid: int | None = None  # this process's Tracking run finished (spans.py's rule)
+_said_not_recorded = False  # since that finish()
+
+
+def refuse_span_after_finish(name: str) -> bool:
+    """Whether a span starting now is refused: a ``Tracking`` run of this process has finished and
+    no run is open, so it belongs to no run (``spans.py``).  The first refused span after each
+    ``finish()`` says so in one warning."""
+    global _said_not_recorded
+    if _driver_finished_pid != os.getpid() or current_run() is not None:
+        return False
+    if not _said_not_recorded:
+        _said_not_recorded = True
+        logger.warning(
+            "otel-tracking: trace_state(%r) after this process's Tracking run finished is not recorded, nor are "
+            "later ones until a new Tracking starts (a span belongs to a run)",
+            name,
+        )
+    return True
+
+
+STRAY_FINISH_S = 5.0  # at most this long, a new Tracking() waits for the worker run it replaces
+
+
+def _end_stray_worker_runs() -> None:
+    """A ``Tracking`` starts in a process that built a worker run before it (a ``trace_state``
+    before ``Tracking()``): that run is finished now, its spans delivered or spooled as a worker
+    run's are, so that one run is open and every later span is the driver's."""
+    pid = os.getpid()
+    with _active_lock:
+        strays = [r for r in _active_runs if r.process_worker and r.pid == pid and not r.finished]
+    for stray in strays:
+        timeout_s = min(STRAY_FINISH_S, stray.settings.finish_timeout_s)
+        stray.settings = dataclasses.replace(stray.settings, finish_timeout_s=timeout_s)
+        stray.finish()
 
 
 def inherited_identity() -> dict[str, str]:
@@ -101,10 +139,37 @@ def build_resource(settings: Settings) -> Resource:
     return Resource(kept, created.schema_url)
 
 
+def check_spool_dir(settings: Settings) -> Settings:
+    """The settings with ``spool_writable`` said: the spool directory is made and a file written
+    and removed there.  When that fails, one warning says what it costs (nothing can be spooled:
+    what a backend cannot take is dropped, and counted; no reattach record).  ``Tracking()`` does
+    this; a worker run (whose directory would be one per process) finds out when it first spools."""
+    if settings.spool_writable is not None:
+        return settings
+    directory = settings.spool_dir
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = directory / f".probe.{os.getpid()}.{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        logger.warning(
+            "otel-tracking: the spool directory %s cannot be written (%s; OTEL_TRACKING_SPOOL_DIR chooses it): "
+            "what a backend cannot take in time is dropped instead of kept for `otel-tracking replay` (the "
+            "summary at finish() counts it), and a restarted job cannot resume this run",
+            directory,
+            error.strerror or type(error).__name__,
+        )
+        return dataclasses.replace(settings, spool_writable=False)
+    return dataclasses.replace(settings, spool_writable=True)
+
+
 def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
     """Where a queued sink keeps what it cannot deliver; the header tells replay how to rebuild it."""
-    if sink.inline:
+    if sink.inline or settings.spool_writable is False:
         return None
+    from otel_tracking.registry import destination
+
     header = {
         "sink": sink.name,
         "project": settings.project,
@@ -113,9 +178,11 @@ def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
         "resume": sink.resume,
         "pid": pid,
         "attempt": settings.attempt,
+        # Where the tracker was configured to write, known before it opens (or if it never does).
+        "destination": destination(sink.name, settings),
     }
     # Ranks of one job share a run id, and each has its own tracker runs: a file (and a header) each.
-    name = sink.name if settings.rank is None else f"{sink.name}.rank{settings.rank}"
+    name = path_part(sink.name if settings.rank is None else f"{sink.name}.rank{settings.rank}")
     # A resumed run has the run id, so the spool directory, of the attempt before it, whose spool
     # may wait there for replay: each attempt writes files of its own.
     if settings.attempt > 1:
@@ -136,7 +203,7 @@ def start_record(settings: Settings, sinks: Sequence[Sink]) -> RunRecord:
         settings.rank,
         previous,
     )
-    if not record.write():
+    if settings.spool_writable is not False and not record.write():  # (unwritable: said already)
         logger.warning(
             "otel-tracking: cannot write %s; a restarted job will not be able to resume this run", record.path
         )
@@ -162,6 +229,7 @@ class Run:
         traces handed to it and leaves the process's signal handlers alone."""
         self.settings = settings
         self.driver = driver
+        self.process_worker = False  # the run worker.py builds for a process without Tracking
         self.identity = {
             "ml.project": settings.project,
             "ml.experiment": settings.experiment,
@@ -211,6 +279,8 @@ class Run:
         self.tracer: Tracer = self.tracer_provider.get_tracer("otel_tracking", __version__)
         self.event_logger = self.logger_provider.get_logger("otel_tracking", __version__)
 
+        if driver:
+            _end_stray_worker_runs()
         with _active_lock:
             _active_runs.append(self)
         _finish_at_exit()
@@ -272,12 +342,20 @@ class Run:
     # --- the hot path ----------------------------------------------------------------------------
 
     def log(self, data: Mapping[str, Any], step: Any, backends: Sequence[str] | None = None) -> None:
-        step = to_step(step)  # bad input gets its error even after finish()
-        scalars, others = split_values(data)
+        # Every value is checked against what the sinks can write before anything is recorded;
+        # bad input gets its error even after finish().
+        given_step, step = step, to_step(step)
+        scalars, others, as_logged = split_values(data)
+        others_json = None
+        if others:  # strings, however nested, scanned for credentials (numbers never are)
+            try:
+                others = scrub_strings(others)
+            except RecursionError:  # a value that contains itself: the check below names its key
+                checked_others(others)
+                raise
+            others_json = checked_others(others)
         if self.finished:
             return
-        if others:  # strings, however nested, scanned for credentials (numbers never are)
-            others = scrub_strings(others)
         if self.pid != os.getpid():  # a forked child must not re-export its parent's run
             _warn_forked_once()
             return
@@ -287,7 +365,9 @@ class Run:
             # One compact StepBatch for every sink: step exporters take its record directly, any
             # other metric exporter gets the MetricsData built from it (in its worker, if queued).
             order = tuple(data) if scalars and others else None  # the file sink writes the caller's order
-            batch = StepBatch(self.resource, step, scalars, others, now, order)
+            batch = StepBatch(
+                self.resource, step, scalars, others, now, order, others_json, as_logged, step_as_logged(given_step)
+            )
             for sink in targets:
                 sink.export_metrics(batch)
         if self._latest is not None:
@@ -295,6 +375,17 @@ class Run:
         self.last_step = step
         if self._step_span is not None:
             self._end_step(step, now)
+
+    def observe(self, data: Mapping[str, Any], step: Any) -> None:
+        """Numbers for the observability path only (OTLP gauges), as ``RLInsightLogger.log`` sends
+        them.  The training loop's step is the driver's: ``last_step`` (what the next phase is
+        stamped with), the step's root span and the ``train.step`` gauge stay as ``log()`` left
+        them.  A run of its own (no ``Tracking``) has no other step: there ``train.step`` follows."""
+        step = to_step(step)
+        scalars, _, _ = split_values(data)
+        if self.finished or self.pid != os.getpid() or self._latest is None:
+            return
+        self._latest.update(None if self.driver else step, scalars, time.time_ns())
 
     def emit_event(self, event_name: str, body: Any, attributes: Mapping[str, Any] | None = None) -> None:
         if self.finished or self.pid != os.getpid():
@@ -321,6 +412,9 @@ class Run:
                 _active_runs.remove(self)
         if self.pid != os.getpid():
             return self.stats()
+        if self.driver:
+            global _driver_finished_pid, _said_not_recorded
+            _driver_finished_pid, _said_not_recorded = self.pid, False
         deadline = time.monotonic() + self.settings.finish_timeout_s
         for periodic in self._periodic:
             periodic.stop()
@@ -369,7 +463,8 @@ def _warn_forked_once() -> None:
         )
 
 
-# The exit code an unfinished run gets at interpreter exit: 0, or 128 + signal after SIGTERM.
+# 128 + signal after SIGTERM: the exit code an unfinished run gets at interpreter exit (else
+# _exit_code_now() says).
 _exit_code_at_exit = 0
 
 
@@ -391,13 +486,41 @@ def _finish_at_exit() -> None:
         atexit.register(_finish_open_runs)
 
 
+def exit_code_for(error: BaseException | None) -> int:
+    """The exit code a run ended by ``error`` gets, as the shell would show it: 0 for none, 130
+    for Ctrl-C (``KeyboardInterrupt``: 128 + SIGINT), ``SystemExit``'s own code (143 after our
+    SIGTERM handler), 1 for any other exception."""
+    if error is None:
+        return 0
+    if isinstance(error, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    if isinstance(error, SystemExit):
+        code = error.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 1
+
+
+def _exit_code_now() -> int:
+    """The exit code of a process whose interpreter is exiting: 128 + signal after SIGTERM; else
+    what ended the main program, which Python keeps in ``sys.last_value`` when an exception was
+    uncaught (Ctrl-C: 130; any other: 1; an interactive session's last error does not count)."""
+    if _exit_code_at_exit:
+        return _exit_code_at_exit
+    if hasattr(sys, "ps1"):
+        return 0
+    error = getattr(sys, "last_value", None)
+    return exit_code_for(error) if isinstance(error, BaseException) else 0
+
+
 def _finish_open_runs(exit_code: int | None = None, max_timeout_s: float | None = None) -> None:
     """Finish this process's open runs, newest first (each leaves the list as it finishes)."""
+    if exit_code is None:
+        exit_code = _exit_code_now()
     while (run := current_run()) is not None:
         if max_timeout_s is not None:
             timeout_s = min(max_timeout_s, run.settings.finish_timeout_s)
             run.settings = dataclasses.replace(run.settings, finish_timeout_s=timeout_s)
-        run.finish(exit_code=_exit_code_at_exit if exit_code is None else exit_code)
+        run.finish(exit_code=exit_code)
 
 
 _sigterm_installed = False

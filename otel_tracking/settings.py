@@ -8,6 +8,7 @@ variable's name, at construction time, rather than a traceback from deep inside 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -22,7 +23,7 @@ from opentelemetry.util.re import parse_env_headers
 from otel_tracking.carrier import extract_env, identity_from
 from otel_tracking.delivery import Policy
 from otel_tracking.redact import redact_header_values, scrub_text
-from otel_tracking.resume import NEVER, Resumed, parse_mode
+from otel_tracking.resume import NEVER, Resumed, is_run_id, looks_like_a_mode, parse_mode
 
 # The OTel exporter names we understand in OTEL_*_EXPORTER besides our own backends.
 OTLP_NAMES = ("otlp", "otlp_proto_http", "otlp_proto_grpc")
@@ -121,6 +122,7 @@ class Settings:
     start_timeout_s: float = 5.0  # how long Tracking() waits for the bridge process to open the trackers
     bridge_process: bool = True  # the ML bridges run in a child process (bridge_process.py)
     spool_dir: Path = Path("spool")
+    spool_writable: bool | None = None  # None: not checked yet (run.check_spool_dir)
     file_path: Path | None = None
     tensorboard_dir: Path | None = None
     role: str | None = None  # ml.role: what this process does in the job (driver, actor, rollout, ...)
@@ -137,8 +139,12 @@ def build_settings(
     env: Mapping[str, str] | None = None,
     force_otlp: bool = False,
     resume: str | None = None,
+    run_id: str | None = None,
 ) -> Settings:
     """Combine the facade's arguments with the environment.
+
+    ``run_id`` (workers, replay: the id the caller's baggage or a spool header names) takes the
+    place of OTEL_TRACKING_RUN_ID, which must otherwise be a usable run id when it is set.
 
     ``resume`` (else OTEL_TRACKING_RESUME, default ``never``): ``auto`` or a run id looks up the
     previous attempt's reattach record (``resume.py``); found, the run id is the record's and the
@@ -190,17 +196,27 @@ def build_settings(
         extras = dict.fromkeys(extras, ())
 
     try:
-        mode = parse_mode(resume if resume is not None else e.get("OTEL_TRACKING_RESUME"))
+        if resume is not None:
+            mode = parse_mode(resume, "Tracking(resume=...)")
+        else:
+            mode = parse_mode(e.get("OTEL_TRACKING_RESUME"))
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    explicit_id = e.get("OTEL_TRACKING_RUN_ID") or None
+    explicit_id = run_id if run_id else _run_id(e)
     if mode not in (NEVER, "auto"):  # a run id: resume that run
         if explicit_id and explicit_id != mode:
             raise ConfigError(
                 f"OTEL_TRACKING_RESUME={mode!r} and OTEL_TRACKING_RUN_ID={explicit_id!r} name different runs"
             )
         explicit_id = mode
-    resumed = _find_resumed(project, experiment, mode, explicit_id, _rank(e), e)
+    rank = _rank(e)
+    resumed = _find_resumed(project, experiment, mode, explicit_id, rank, e)
+    # "atuo": a typo, not the id of a run to start
+    if resumed is None and mode not in (NEVER, "auto") and looks_like_a_mode(mode):
+        source = "Tracking(resume=...)" if resume is not None else "OTEL_TRACKING_RESUME"
+        raise ConfigError(
+            f"{source}={mode!r} is neither 'auto' nor 'never', and no run with that id was found; did you mean 'auto'?"
+        )
     run_id = resumed.run_id if resumed else (explicit_id or uuid.uuid4().hex)
     policy = Policy(
         queue_size=int(_number(e, "OTEL_TRACKING_QUEUE_SIZE", Policy.queue_size, minimum=1)),
@@ -221,7 +237,7 @@ def build_settings(
         service_name=service_name,
         resource_attributes=resource_attributes,
         run_id=run_id,
-        rank=_rank(e),
+        rank=rank,
         host=socket.gethostname(),
         otlp=OtlpSettings(
             traces=selected["TRACES"],
@@ -303,17 +319,54 @@ def spool_root(env: Mapping[str, str] | None = None) -> Path:
 
 
 def spool_dir(project: str, experiment: str, run_id: str, env: Mapping[str, str] | None = None) -> Path:
-    """<OTEL_TRACKING_SPOOL_DIR or ~/.cache/otel-tracking/spool>/<project>/<experiment>-<run id>/"""
-    safe = [re.sub(r"[^A-Za-z0-9_.\-]", "_", part) or "_" for part in (project, experiment)]
-    return spool_root(env) / safe[0] / f"{safe[1]}-{run_id}"
+    """<OTEL_TRACKING_SPOOL_DIR or ~/.cache/otel-tracking/spool>/<project>/<experiment>-<run id>/,
+    each part by :func:`path_part`: whatever the names, the directory is inside the spool root."""
+    return spool_root(env) / path_part(project) / f"{path_part(experiment)}-{path_part(run_id)}"
+
+
+_UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
+_MAX_PART = 100
+
+
+def path_part(name: str) -> str:
+    """A name as one directory entry that stays where it is put: every character outside
+    ``A-Za-z0-9_.-`` becomes ``_``; a name of dots only (``.``, ``..``) or none becomes
+    underscores; a name longer than 100 characters is cut to 87 plus ``-`` and 12 hex digits of
+    its SHA-1 (names that differ stay apart)."""
+    safe = _UNSAFE_PATH_CHARS.sub("_", name)
+    if not safe.strip("."):
+        safe = "_" * max(1, len(safe))
+    if len(safe) > _MAX_PART:
+        digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        safe = f"{safe[: _MAX_PART - 13]}-{digest}"
+    return safe
 
 
 def _rank(env: Mapping[str, str]) -> int | None:
+    """The first of RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID that is set (an empty one is not);
+    a value that is not an integer is an error, not a reason to look at the next one."""
     for variable in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
         raw = env.get(variable)
-        if raw is not None and raw.strip().lstrip("-").isdigit():
-            return int(raw)
+        if raw is None or not raw.strip():
+            continue
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{variable}={raw!r} is not an integer (the process's rank)") from None
     return None
+
+
+def _run_id(env: Mapping[str, str]) -> str | None:
+    raw = env.get("OTEL_TRACKING_RUN_ID")
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise ConfigError("OTEL_TRACKING_RUN_ID is set but empty; unset it to get a new run id")
+    if not is_run_id(raw):
+        raise ConfigError(
+            f"OTEL_TRACKING_RUN_ID={raw!r} is not a run id: 1 to 128 letters, digits, '_', '.' or '-', not only dots"
+        )
+    return raw
 
 
 # --- per-sink settings, shared by the facade and by exporters built with no arguments ---------
@@ -367,9 +420,9 @@ def build_worker_settings(
     if "OTEL_RESOURCE_ATTRIBUTES" in e:
         attributes = parse_key_value_list(e["OTEL_RESOURCE_ATTRIBUTES"], "OTEL_RESOURCE_ATTRIBUTES")
     default_project, default_experiment = identity_from_env(e)
-    run_id = identity.get("ml.run.id") or e.get("OTEL_TRACKING_RUN_ID") or attributes.get("ml.run.id")
-    if run_id:
-        e["OTEL_TRACKING_RUN_ID"] = run_id
+    # The run id a caller's baggage names is used as it is (only its spool path is made safe): a
+    # worker's span must not fail on what another process sent.  OTEL_TRACKING_RUN_ID is checked.
+    run_id = identity.get("ml.run.id") or (None if "OTEL_TRACKING_RUN_ID" in e else attributes.get("ml.run.id"))
     settings = build_settings(
         project or identity.get("ml.project") or default_project,
         experiment or identity.get("ml.experiment") or default_experiment,
@@ -377,6 +430,7 @@ def build_worker_settings(
         env=e,
         force_otlp=force_otlp,
         resume=NEVER,  # a worker joins the driver's attempt; it never looks for records of its own
+        run_id=run_id or None,
     )
     attempt = identity.get("ml.run.attempt") or attributes.get("ml.run.attempt")
     if attempt and str(attempt).isdigit() and int(attempt) > 1:

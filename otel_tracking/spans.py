@@ -13,6 +13,11 @@ process without ``Tracking`` (a Ray worker, a rollout server) by the process's w
 (``worker.py``: OTLP per the standard variables), unless the application installed a global
 TracerProvider of its own, which then records it.
 
+Outside a run on the driver: a span before ``Tracking()`` goes to the
+process's worker run, as in any process without a ``Tracking`` (a process cannot know a
+``Tracking`` will come), and ``Tracking()`` finishes that worker run when it starts; a span after
+``finish()``, with no run open, is not recorded (one warning), until a new ``Tracking`` starts.
+
 Where a span hangs when no span is current: on the driver, under the step's root span (one trace
 per step, ``ml.step``); in a worker, under the trace it was handed (``propagation.attach``, the Ray
 helpers, or ``TRACEPARENT`` in its environment).  The span's ``ml.step`` attribute is the step in
@@ -86,10 +91,17 @@ class trace_state:
         self._open: list[tuple[Span, object, Any]] = []
 
     def _start(self) -> Span:
+        from otel_tracking.run import current_run, refuse_span_after_finish
         from otel_tracking.worker import worker_run
 
         ctx = otel_context.get_current()
-        run = worker_run(ctx)  # this process's Tracking run, or its worker run (built on first use)
+        run = current_run()
+        if run is None and refuse_span_after_finish(self.state_name):  # no run, and no stray worker run
+            span: Span = trace.INVALID_SPAN
+            self._open.append((span, otel_context.attach(trace.set_span_in_context(span, ctx)), None))
+            return span
+        if run is None:
+            run = worker_run(ctx)  # this process's worker run (built on first use)
         attributes = self.attributes
         if run is None:  # the application's own global TracerProvider (or the SDK is disabled)
             span = trace.get_tracer("otel_tracking").start_span(

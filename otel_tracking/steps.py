@@ -69,8 +69,12 @@ def step_batch(
     scalars: Mapping[str, int | float],
     others: Mapping[str, Any],
     time_ns: int,
+    others_json: str | None = None,
 ) -> MetricsData:
-    step_attributes = {OTHERS_ATTRIBUTE: encode_others(others)} if others else _NO_ATTRIBUTES
+    """``others_json``: ``others`` as :func:`encode_others` wrote them already (log() checked them)."""
+    if others and others_json is None:
+        others_json = encode_others(others)
+    step_attributes = {OTHERS_ATTRIBUTE: others_json} if others_json else _NO_ATTRIBUTES
     metrics = [_gauge(STEP_METRIC, step, time_ns, step_attributes)]
     metrics.extend(_gauge(key, value, time_ns) for key, value in scalars.items())
     return wrap(resource, metrics)
@@ -86,6 +90,9 @@ class StepRecord:
     others: dict[str, Any] = field(default_factory=dict)
     time_unix_nano: int = 0
     order: tuple[str, ...] | None = None  # the caller's key order, when numbers and others were mixed
+    # For the file and console, which write numbers as the caller gave them (values.as_logged):
+    as_logged: dict[str, Any] | None = None  # numpy scalars, ints beyond int64, by key
+    step_as_logged: Any = None  # the step, when it was not a plain int (11.0, True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,15 +108,24 @@ class StepBatch:
     others: Mapping[str, Any]
     time_ns: int
     order: tuple[str, ...] | None = None  # the caller's key order, when numbers and others were mixed
+    others_json: str | None = None  # ``others`` encoded (and so checked) by log()
+    # What only the file and console sinks, which run in the training process, write (StepRecord's).
+    as_logged: Mapping[str, Any] | None = None
+    step_as_logged: Any = None
 
     def metrics_data(self) -> MetricsData:
-        return step_batch(self.resource, self.step, self.scalars, self.others, self.time_ns)
+        return step_batch(self.resource, self.step, self.scalars, self.others, self.time_ns, self.others_json)
 
     def record(self) -> StepRecord:
         """What a step exporter decodes from :meth:`metrics_data`, without building it (the other
         values take the same JSON round trip, so both paths write the same)."""
-        others = decode_others(encode_others(self.others)) if self.others else {}
-        return StepRecord(self.step, dict(self.scalars), others, self.time_ns, self.order)
+        others: dict[str, Any] = {}
+        if self.others:
+            others = decode_others(self.others_json if self.others_json is not None else encode_others(self.others))
+        as_logged = dict(self.as_logged) if self.as_logged else None
+        return StepRecord(
+            self.step, dict(self.scalars), others, self.time_ns, self.order, as_logged, self.step_as_logged
+        )
 
 
 def materialize(data: MetricsData | StepBatch) -> MetricsData:
@@ -125,20 +141,25 @@ class LatestValues:
         self._step: tuple[int, int] | None = None
         self._names = InstrumentNames()
 
-    def update(self, step: int, scalars: Mapping[str, int | float], time_ns: int) -> None:
+    def update(self, step: int | None, scalars: Mapping[str, int | float], time_ns: int) -> None:
+        """``step`` None: values only, the step gauge as it was."""
         with self._lock:
-            self._step = (step, time_ns)
+            if step is not None:
+                self._step = (step, time_ns)
             values = self._values
             for key, value in scalars.items():
                 values[key] = (value, time_ns)
 
     def snapshot(self, resource: Resource) -> MetricsData | None:
         with self._lock:
-            if self._step is None:
+            if self._step is None and not self._values:
                 return None
-            step, step_time = self._step
+            step_point = self._step
             items = list(self._values.items())
-        metrics = [_gauge(STEP_METRIC, step, step_time, description="training step of the last log() call")]
+        metrics = []
+        if step_point is not None:  # (values observed before any log() have no step yet)
+            step, step_time = step_point
+            metrics.append(_gauge(STEP_METRIC, step, step_time, description="training step of the last log() call"))
         for key, (value, time_ns) in items:
             name = self._names(key)
             metrics.append(_gauge(name, value, time_ns, description=key if name != key else None))

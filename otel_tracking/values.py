@@ -1,24 +1,37 @@
 """The rules for what ``log(data, step)`` accepts, in one place.
 
+Everything is checked when ``log()`` is called, before anything is recorded: a value that some sink
+could not write raises there (``TypeError`` naming the key), or is converted by a rule below.
+
 Numbers (become gauge points):
 - ``int``, ``float`` and ``bool`` as they are (a bool stays a bool, so sinks print ``True``/``true``
   exactly as the reference did; OTLP carries it as 1/0);
 - numpy scalars, 0-d arrays, torch scalars and anything else with a scalar ``item()``: ``item()``;
 - other ``numbers.Real``/``numbers.Number`` (``Fraction``, ``Decimal``): ``float()``;
-- ints outside int64 become floats (OTLP has no bigger integer);
+- ints outside int64 become floats for every tracker and OTLP (OTLP has no bigger integer);
 - NaN and +/-inf are kept (every sink that can store them gets them).
+
+The file and console sinks write a number as the caller gave it when that differs from the gauge
+value: numpy scalars (``np.float32(1.1)`` is ``1.1`` in the file and ``np.float32(1.1)`` on the
+console, as the reference's ``orjson`` dump and ``pprint`` wrote it) and ints between int64 and
+uint64 (exact).  Ints beyond 64 bits are written as floats there too (the reference raised).
 
 Everything else (``None``, strings, lists, dicts, arrays with more than one element, complex
 numbers, ...) is not a number: it is never turned into a gauge, but it is kept and reaches the file
 sink in the metrics line exactly as the reference's ``orjson`` dump wrote it.  Where that dump
 raised, we write instead: scalars nested inside (0-d arrays, tensors) as their number, other arrays
-and tensors as lists, ints beyond 64 bits as floats, anything else as its ``str()``.
+and tensors as lists, ints beyond 64 bits as floats, anything else as its ``str()``.  What cannot be
+written even so raises ``TypeError`` naming the key: a value nested more than 252 levels deep
+(orjson's limit, 254, in the file's line), a value that contains itself, strings that are not
+valid Unicode (lone surrogates).
 
 Strings, wherever they are in a value, have credentials cut out (``redact.scrub_strings``: URL
 userinfo, ``name=value`` pairs with a secret name, known key formats); nothing else changes.
 
-Keys must be ``str`` (a ``TypeError`` names the bad key); steps must be integers (``int``, numpy
-ints, integral floats such as ``3.0``) or a ``TypeError`` names the step.
+Keys must be ``str`` and valid Unicode (a ``TypeError`` names the bad key).  Steps must be integers
+that fit int64: ``int``, numpy ints, integral floats such as ``3.0``, and ``True``/``False``, which
+the reference took too (trackers get 1/0; the file and console write the step as given, ``11.0``
+or ``true``, as the reference did); anything else raises a ``TypeError`` naming the step.
 """
 
 from __future__ import annotations
@@ -68,34 +81,76 @@ def to_number(value: Any) -> int | float | None:
 def to_step(step: Any) -> int:
     """The integer step, or a TypeError naming what was given."""
     if type(step) is int:
+        value = step
+    elif isinstance(step, numbers.Integral):  # bool, numpy ints
+        value = int(step)
+    else:
+        number = to_number(step)  # integral floats such as 3.0; 0-d arrays and tensors
+        if not isinstance(number, (int, float)) or not math.isfinite(number) or number != int(number):
+            raise TypeError(f"log() step must be an integer, got {type(step).__name__} {step!r}")
+        value = int(number)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise TypeError(f"log() step must fit in a signed 64-bit integer, got {step!r}")
+    return value
+
+
+def as_logged(value: Any) -> Any:
+    """``value`` itself when the file and console write it other than its gauge number (numpy
+    scalars, ints between int64 and uint64, floats and bools given as a step), else None."""
+    kind = type(value)
+    if kind is int:
+        return value if _INT64_MAX < value < 2**64 else None
+    if kind.__module__ == "numpy" and isinstance(value, numbers.Number):  # scalars, immutable
+        dtype = getattr(value, "dtype", None)
+        if dtype is not None and dtype.kind in "biuf" and dtype.itemsize <= 8:  # what orjson writes
+            return value
+    return None
+
+
+def step_as_logged(step: Any) -> Any:
+    """What the file and console write as the step when it is not a plain int: ``11.0``, ``True``."""
+    if type(step) is int:
+        return None
+    if type(step) in (float, bool):
         return step
-    if isinstance(step, bool):
-        raise TypeError(f"log() step must be an integer, got bool {step!r}")
-    if isinstance(step, numbers.Integral):
-        return int(step)
-    value = to_number(step)
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise TypeError(f"log() step must be an integer, got {type(step).__name__} {step!r}")
+    return as_logged(step)
 
 
-def split_values(data: Mapping[str, Any]) -> tuple[dict[str, int | float], dict[str, Any]]:
-    """Split one log() payload into (numbers, everything else), keeping the caller's key order."""
+def split_values(
+    data: Mapping[str, Any],
+) -> tuple[dict[str, int | float], dict[str, Any], dict[str, Any] | None]:
+    """Split one log() payload into (numbers, everything else, the numbers as logged where the
+    file and console write them differently), keeping the caller's key order."""
     if not isinstance(data, Mapping):
         raise TypeError(f"log() data must be a mapping of str keys to values, got {type(data).__name__}")
     scalars: dict[str, int | float] = {}
     others: dict[str, Any] = {}
+    logged: dict[str, Any] | None = None
     for key, value in data.items():
         if type(key) is not str:
             raise TypeError(f"log() keys must be str, got {type(key).__name__} key {key!r}")
-        number = to_number(value)
+        if not key.isascii():
+            _check_unicode(key)
+        kind = type(value)
+        number = value if kind is float or kind is bool else to_number(value)
         if number is None:
             others[key] = value
-        else:
-            scalars[key] = number
-    return scalars, others
+            continue
+        scalars[key] = number
+        if kind is not float and kind is not bool:
+            original = as_logged(value)
+            if original is not None:
+                if logged is None:
+                    logged = {}
+                logged[key] = original
+    return scalars, others, logged
+
+
+def _check_unicode(key: str) -> None:
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TypeError(f"log() key {key!r} is not valid Unicode (a lone surrogate); no sink can write it") from None
 
 
 def encode_others(others: Mapping[str, Any]) -> str:
@@ -104,6 +159,25 @@ def encode_others(others: Mapping[str, Any]) -> str:
         return orjson.dumps(others, default=_json_default, option=_EXTRAS_OPTIONS).decode()
     except orjson.JSONEncodeError:  # an int beyond 64 bits somewhere inside: orjson cannot write it
         return orjson.dumps(_ints_to_floats(others), default=_json_default, option=_EXTRAS_OPTIONS).decode()
+
+
+def checked_others(others: Mapping[str, Any]) -> str:
+    """:func:`encode_others`, or a TypeError naming the key whose value no sink can write.  Encoded
+    one level deeper than the values are (in a list), as the file line holds them, and the list's
+    brackets cut off: orjson's depth limit is met here if anywhere."""
+    try:
+        return encode_others([others])[1:-1]  # type: ignore[arg-type]
+    except (orjson.JSONEncodeError, RecursionError):
+        pass
+    for key, value in others.items():
+        try:
+            encode_others([{key: value}])  # type: ignore[arg-type]
+        except (orjson.JSONEncodeError, RecursionError) as error:
+            reason = str(error)
+            if "Recursion" in reason or isinstance(error, RecursionError):
+                reason = "it is nested more than 252 levels deep (or contains itself)"
+            raise TypeError(f"log() value of {key!r} cannot be written: {reason}") from None
+    raise TypeError("log() values cannot be written together")  # (not seen: each one alone could)
 
 
 def _json_default(value: Any) -> Any:

@@ -144,6 +144,7 @@ def _build(ctx: Context | None) -> Run | None:
     if "traces" not in otlp and not any(sink.spans is not None for sink in step_sinks):
         otlp["traces"] = _spool_only_traces(settings)
     run = Run(settings, step_sinks, otlp_sinks=otlp, periodic_sinks=periodic, driver=False)
+    run.process_worker = True  # a Tracking started later in this process ends it (run.py)
     # A multiprocessing child started by fork() ends with os._exit(): no exit hook runs there, but
     # multiprocessing's own finalizers do.
     multiprocessing.util.Finalize(None, _finish, args=(weakref.ref(run),), exitpriority=100)

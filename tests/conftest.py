@@ -51,6 +51,8 @@ def _finish_leftover_runs() -> None:
 
     while (leftover := run_module.current_run()) is not None:
         leftover.finish()
+    run_module._driver_finished_pid = None  # each test is a process that has not had a Tracking yet
+    run_module._said_not_recorded = False
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.resources import Resource
 
 from otel_tracking import Tracking
 
@@ -86,3 +87,59 @@ def test_a_one_element_array_is_not_a_gauge_as_in_the_reference(
         outputs[name] = ((tmp_path / name / "proj" / "exp.jsonl").read_text(), console)
     assert outputs["ours"] == outputs["ref"]
     assert outputs["ours"] == ('{"step":1,"data":{"one":[1.5],"x":2.5}}\n', ["step:1 - x:2.5"])
+
+
+def test_numpy_numbers_and_odd_steps_are_written_as_the_reference_wrote_them(
+    seed, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's metrics are often numpy float32: the reference's orjson dump (OPT_SERIALIZE_NUMPY)
+    writes np.float32(1.1) as 1.1, where the float64 it converts to is 1.100000023841858; a
+    uint64 beyond int64 exactly; step=11.0 as 11.0 and step=True as true (issue 21).  The console
+    prints them as the reference's pprint did."""
+    import numpy as np
+
+    calls = [
+        ({"f32": np.float32(1.1), "f16": np.float16(0.1), "u64": np.uint64(2**63 + 5), "f": 0.5}, 1),
+        ({"i8": np.int8(-3), "f64": np.float64(0.1), "i": 2**63 + 7, "t": "x", "f32": np.float32(2.5)}, 11.0),
+        ({"u8": np.uint8(200), "neg": np.float32(-0.3)}, np.int64(12)),
+        ({"x": 1.0}, np.float32(13.0)),
+        ({"x": 2.0}, True),
+    ]
+    outputs = {}
+    for name, factory in (("ref", seed.Tracking), ("ours", Tracking)):
+        monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path / name))
+        capsys.readouterr()
+        tracking = factory("proj", "exp", default_backend=["file", "console"], config=None)
+        for data, step in calls:
+            tracking.log(data=data, step=step)
+        tracking.finish()
+        console = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step:")]
+        outputs[name] = ((tmp_path / name / "proj" / "exp.jsonl").read_bytes(), console)
+    assert outputs["ours"][0] == outputs["ref"][0], "byte-identical file lines"
+    assert outputs["ours"][1] == outputs["ref"][1], "the same console lines"
+    first = outputs["ours"][0].splitlines()[0]
+    assert first == b'{"step":1,"data":{"f32":1.1,"f16":0.099975586,"u64":9223372036854775813,"f":0.5}}'
+    assert outputs["ours"][0].splitlines()[1].startswith(b'{"step":11.0,')
+    assert outputs["ours"][0].splitlines()[4] == b'{"step":true,"data":{"x":2.0}}'
+
+
+def test_what_the_trackers_get_for_numpy_numbers_and_odd_steps(tmp_path: Path) -> None:
+    """Beside the file's exact text, every other sink gets the number and the int step."""
+    import numpy as np
+
+    from otel_tracking.steps import StepBatch
+    from otel_tracking.values import split_values, step_as_logged, to_step
+
+    scalars, others, logged = split_values({"f32": np.float32(1.1), "u64": np.uint64(2**63 + 5), "f": 0.5})
+    assert scalars == {"f32": float(np.float32(1.1)), "u64": float(2**63 + 5), "f": 0.5} and not others
+    assert logged is not None and set(logged) == {"f32", "u64"}
+    for step, expected in ((11.0, 11), (True, 1), (np.int64(3), 3)):
+        batch = StepBatch(
+            Resource({}), to_step(step), scalars, {}, 0, as_logged=logged, step_as_logged=step_as_logged(step)
+        )
+        points = {
+            m.name: m.data.data_points[0].value
+            for m in batch.metrics_data().resource_metrics[0].scope_metrics[0].metrics
+        }
+        assert points["train.step"] == expected and type(points["train.step"]) is int
+        assert points["f32"] == float(np.float32(1.1))

@@ -142,7 +142,9 @@ def test_numbers_of_every_kind_and_non_numbers(isolated: Path, capsys: pytest.Ca
     }
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("step:"))
     assert line == (
-        "step:4 - f:0.5 - i:3 - b:True - np_f32:0.25 - np_i64:7 - np_bool:False - zero_d:1.5 - torch_like:2.5"
+        # numpy scalars as pprint shows them, as the reference printed them (issue 21)
+        "step:4 - f:0.5 - i:3 - b:True - np_f32:np.float32(0.25) - np_i64:np.int64(7) - np_bool:False - zero_d:1.5"
+        " - torch_like:2.5"
         f" - nan:nan - inf:inf - big:{float(2**70)!r}"
     )
 

@@ -206,3 +206,72 @@ def test_sigterm_ends_a_process_blocked_in_native_code(tmp_path: Path) -> None:
     assert process.returncode == 128 + signal.SIGTERM
     assert "run finished with 143" in process.stdout.read()  # finished (briefly) before the exit
     assert file_steps(tmp_path / "proj" / "exp.jsonl") == [0, 1, 2]
+
+
+INTERRUPTED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from otel_tracking import Tracking
+
+    def train(t):
+        for step in range(5):
+            t.log({"loss": 1.0 / (step + 1)}, step)
+        print("run id", t.run_id, flush=True)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+        signal.pause()
+
+    backends = ["file", "mlflow", "wandb"]
+    if sys.argv[1] == "with":
+        with Tracking("proj", "exp", default_backend=backends) as t:
+            train(t)
+    else:
+        train(Tracking("proj", "exp", default_backend=backends))
+    """
+)
+
+
+@pytest.mark.parametrize("shape", ["with", "plain"])
+def test_ctrl_c_is_recorded_as_an_interrupted_run_in_every_tracker(tmp_path: Path, shape: str) -> None:
+    """After SIGINT, run.json said exit_code 0 and MLflow FINISHED (issue 19, item 13): now 130,
+    MLflow FAILED and wandb's exit code 130, whether a ``with`` block or the exit hook finishes."""
+    from tests import readers_mlflow, readers_wandb
+
+    env = {
+        **child_env(),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "WANDB_DIR": str(tmp_path),
+        "OTEL_TRACKING_START_TIMEOUT": "120",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED, shape], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == -signal.SIGINT, done.stderr  # Python ends itself with SIGINT: 130 in a shell
+    assert "KeyboardInterrupt" in done.stderr
+    run_id = done.stdout.split("run id ")[1].split()[0]
+    (record,) = (tmp_path / "spool").rglob("run.json")
+    state = json.loads(record.read_text())
+    assert (state["run_id"], state["state"], state["exit_code"]) == (run_id, "finished", 130)
+    assert file_steps(tmp_path / "proj" / "exp.jsonl") == [0, 1, 2, 3, 4]
+    client = readers_mlflow.client(env["MLFLOW_TRACKING_URI"])
+    run = readers_mlflow.only_run(client, client.get_experiment_by_name("proj").experiment_id)
+    assert run.info.status in ("FAILED", "KILLED")
+    assert [s for _, s, _ in readers_mlflow.metric_triples(client, run.info.run_id)] == [0, 1, 2, 3, 4]
+    assert readers_wandb.only_run(tmp_path).exit_code == 130
+
+
+def test_the_exit_code_a_run_is_ended_with(isolated: Path) -> None:
+    from otel_tracking.run import exit_code_for
+
+    assert [exit_code_for(e) for e in (None, KeyboardInterrupt(), SystemExit(143), SystemExit(), ValueError())] == [
+        0,
+        130,
+        143,
+        0,
+        1,
+    ]
+    assert exit_code_for(SystemExit("bye")) == 1
+    for error, code in ((ValueError("x"), 1), (SystemExit(3), 3), (KeyboardInterrupt(), 130)):
+        with pytest.raises(type(error)), Tracking("proj", "exp", default_backend=[]) as tracking:
+            raise error
+        record = isolated / "spool" / "proj" / f"exp-{tracking.run_id}" / "run.json"
+        assert json.loads(record.read_text())["exit_code"] == code

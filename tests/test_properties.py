@@ -26,11 +26,13 @@ plain = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(),
+    st.integers(INT64[1] - 2, 2**64 + 2),  # around int64 and uint64: the file writes them exactly up to 2**64 - 1
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=10),
 )
 numpy_scalars = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True, width=32).map(np.float32),
+    st.integers(0, 2**64 - 1).map(np.uint64),
     st.floats(allow_nan=True, allow_infinity=True).map(np.float64),
     st.integers(*INT64).map(np.int64),
     st.booleans().map(np.bool_),
@@ -47,10 +49,10 @@ steps = st.one_of(st.integers(*INT64), st.integers(-5, 5))
 def expected(value: Any, nested: bool = False) -> Any:
     """What the file sink's JSON holds for a value, by the README's rules (independent of the code,
     but for credentials in strings, cut out by redact.py's rule, which test_secrets tests):
-    top-level ints outside int64 become floats (the gauge rule); nested ones are written as JSON
-    ints up to 2**64 - 1 (as the reference's orjson dump did) and as floats beyond."""
-    if nested and isinstance(value, np.float32):
-        return Float32(value)  # orjson writes nested float32 with float32's shortest repr
+    ints are written as JSON ints up to 2**64 - 1 (as the reference's orjson dump did) and as
+    floats beyond; numbers as the caller gave them (the file writes what the reference wrote)."""
+    if isinstance(value, np.float32):
+        return Float32(value)  # orjson writes float32 with float32's shortest repr, as the reference did
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value.item()
     if isinstance(value, np.generic):
@@ -62,8 +64,7 @@ def expected(value: Any, nested: bool = False) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
-        high = 2**64 - 1 if nested else INT64[1]
-        return value if INT64[0] <= value <= high else float(value)
+        return value if INT64[0] <= value <= 2**64 - 1 else float(value)
     if isinstance(value, list):
         return [expected(v, nested=True) for v in value]
     if isinstance(value, dict):
@@ -142,3 +143,52 @@ def test_workers_survive_every_kind_of_value(isolated: Path, monkeypatch: pytest
         gauges = receiver.received.last_gauges()
         assert gauges["big"] == float(2**80) and gauges["np"] == 0.5 and math.isnan(gauges["nan"])
         assert "text" not in gauges and gauges["train.step"] == -49
+
+
+def _nest(depth: int, leaf: Any) -> Any:
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+# What some sink cannot write: nesting around orjson's limit, lone surrogates, ints past 64 bits,
+# steps past int64 (issue 19, item 2).
+hard_values = st.one_of(
+    values,
+    st.builds(_nest, st.integers(245, 260), plain),
+    st.text(alphabet=st.characters(categories=["Cs", "Ll"]), min_size=1, max_size=4),
+    st.integers(min_value=2**63 - 2, max_value=2**66),
+    st.integers(max_value=-(2**63) + 2, min_value=-(2**66)),
+)
+hard_keys = st.one_of(keys, st.text(alphabet=st.characters(categories=["Cs", "Lu"]), min_size=1, max_size=3))
+hard_steps = st.one_of(steps, st.integers(2**63 - 2, 2**65), st.booleans(), st.integers(-3, 3).map(float))
+
+
+@pytest.fixture
+def file_and_console(isolated: Path):
+    tracking = Tracking("proj", "exp", default_backend=["file", "console"])
+    yield tracking, isolated / "proj" / "exp.jsonl"
+    tracking.finish()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.dictionaries(hard_keys, hard_values, max_size=4), step=hard_steps)
+def test_every_call_either_lands_whole_or_raises_before_anything_is_recorded(
+    file_and_console, capsys: pytest.CaptureFixture[str], data: dict[str, Any], step: Any
+) -> None:
+    """No half-recorded step: a TypeError leaves the file and the console as they were; a call that
+    returns has its one line in each, whatever sink would have failed on it before."""
+    tracking, path = file_and_console
+    capsys.readouterr()
+    before = lines_of(path)
+    try:
+        tracking.log(data, step)
+    except TypeError:
+        assert lines_of(path) == before
+        assert capsys.readouterr().out == ""
+        return
+    lines = lines_of(path)
+    assert len(lines) == len(before) + 1
+    written = json.loads(lines[-1])["step"]
+    assert written == step and type(written) is type(step), "the step as given: 11.0, true, as the reference"
+    assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("step:")]) == 1

@@ -142,3 +142,100 @@ def test_replay_goes_where_the_run_went_and_says_so(isolated: Path, monkeypatch:
         done.stderr
     )
 
+
+def test_replay_delivers_the_attempts_of_a_run_in_the_order_they_were_logged(isolated: Path) -> None:
+    """Files were replayed sorted by name: ``*.attempt2.jsonl`` before ``*.jsonl``, and a reopened
+    wandb run drops steps below its current one, so attempt 1's spooled steps were lost (issue 19,
+    item 6).  Attempt 10 comes after attempt 2, and each rank's files keep their own order."""
+    from otel_tracking.replay import spool_files
+
+    run = isolated / "spool" / "proj" / "exp-r1"
+    names = [
+        "otlp-traces.attempt10.jsonl",
+        "otlp-traces.attempt2.jsonl",
+        "otlp-traces.jsonl",
+        "otlp-traces.link.jsonl",
+        "otlp-traces.attempt2.link.jsonl",
+        "otlp-traces.rank1.attempt2.jsonl",
+        "otlp-traces.rank1.jsonl",
+    ]
+    for name in names:
+        _spool(run / name, name.removesuffix(".jsonl"), 2).close()
+    assert [p.name for p in spool_files([isolated / "spool"])] == [
+        "otlp-traces.jsonl",
+        "otlp-traces.link.jsonl",
+        "otlp-traces.attempt2.jsonl",
+        "otlp-traces.attempt2.link.jsonl",
+        "otlp-traces.attempt10.jsonl",
+        "otlp-traces.rank1.jsonl",
+        "otlp-traces.rank1.attempt2.jsonl",
+    ]
+    with HttpReceiver() as receiver:
+        done = _replay(receiver, run / "otlp-traces.attempt2.jsonl", run / "otlp-traces.jsonl")
+        assert done.returncode == 0, done.stderr
+        spans = wait_for(
+            lambda: [s["name"] for s in receiver.received.spans()] if len(receiver.received.spans()) == 4 else None,
+            what="spans",
+        )
+    assert spans == ["otlp-traces-0", "otlp-traces-1", "otlp-traces.attempt2-0", "otlp-traces.attempt2-1"]
+
+
+def test_replay_of_a_tracker_that_never_opened_goes_to_the_store_the_run_named(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow unreachable during the run, so it never opened and its spool header named no store:
+    replay without MLFLOW_TRACKING_URI made a new experiment in the default sqlite store and
+    exited 0 (issue 19, item 5).  The header now names the store the run was configured with."""
+    from otel_tracking import Tracking
+    from tests import readers_mlflow
+    from tests.conftest import free_port
+    from tests.servers import MlflowServer
+
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(isolated / "logs"))
+    tracking = Tracking("proj", "exp", default_backend=["file", "mlflow"])
+    for step in range(1, 6):
+        tracking.log({"loss": 1.0 / step}, step)
+    stats = tracking.finish()
+    assert stats["mlflow"]["spooled"] == 5 and stats["mlflow"]["delivered"] == 0
+    (spool,) = (isolated / "spool").rglob("mlflow*.jsonl")
+    header, _ = read_spool(spool)
+    assert header["destination"] == {"MLFLOW_TRACKING_URI": uri}
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}
+    server = MlflowServer(isolated / "server", port=port).start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "otel_tracking", "replay", str(isolated / "spool")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        client = readers_mlflow.client(server.uri)
+        run = readers_mlflow.only_run(client, client.get_experiment_by_name("proj").experiment_id)
+        assert readers_mlflow.metric_triples(client, run.info.run_id) == [("loss", s, 1.0 / s) for s in range(1, 6)]
+    finally:
+        server.stop()
+
+
+def test_a_destination_with_credentials_is_not_kept_and_replay_asks_for_it(isolated: Path) -> None:
+    from otel_tracking.registry import destination, with_destination
+    from otel_tracking.settings import build_settings
+
+    settings = build_settings("p", "e", (), env={"MLFLOW_TRACKING_URI": "https://user:secret@mlflow.example"})
+    kept = destination("mlflow", settings)
+    assert kept == {"MLFLOW_TRACKING_URI": None} and "secret" not in repr(kept)
+    from otel_tracking.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="set MLFLOW_TRACKING_URI to replay it"):
+        with_destination({}, kept)
+    assert with_destination({"MLFLOW_TRACKING_URI": "sqlite:///x.db"}, kept)["MLFLOW_TRACKING_URI"] == "sqlite:///x.db"
+    tb = destination("tensorboard", build_settings("p", "e", (), env={}))
+    assert tb == {"TENSORBOARD_DIR": str(isolated / "tensorboard_log" / "p" / "e")}, (
+        "absolute: replay may run elsewhere"
+    )

@@ -80,3 +80,45 @@ def test_register_metrics_writes_file_sd_targets_once(isolated: Path, monkeypatc
         {"targets": ["127.0.0.1:8002"], "labels": {"job": "vllm", "replica": "1"}},
     ]
     assert len(RLInsightLogger.registered_targets) == 2
+
+
+def test_insight_values_do_not_move_the_drivers_step(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RLInsightLogger.log(data, step)`` went through ``Run.log``: after ``tracking.log(step=1)``
+    and ``RLInsightLogger.log(step=500)`` the next phase was stamped step 501, and its step's root
+    span had been ended (issue 19, item 10)."""
+    from otel_tracking import trace_state
+
+    monkeypatch.setenv("VERL_RL_INSIGHT_ENABLE", "1")
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        tracking = Tracking("proj", "exp", default_backend=["rl_insight", "file"])
+        tracking.log({"loss": 0.5}, 1)
+        with trace_state("rollout"):
+            RLInsightLogger.log({"rollout/throughput": 7.0}, 500)  # inside step 2's phase
+        with trace_state("update"):
+            pass
+        tracking.log({"loss": 0.25}, 2)
+        tracking.finish()
+        gauges = wait_for(receiver.received.last_gauges, what="gauges")
+        assert gauges["train.step"] == 2 and gauges["rollout/throughput"] == 7.0
+        spans = wait_for(lambda: ((s := receiver.received.spans()) and len(s) >= 3 and s) or None, what="spans")
+    by_name = {s["name"]: s for s in spans}
+    assert by_name["rollout"]["attributes"]["ml.step"] == 2 and by_name["update"]["attributes"]["ml.step"] == 2
+    roots = [s for s in spans if s["name"] == "ml.step"]
+    assert len(roots) == 1 and roots[0]["attributes"]["ml.step"] == 2, "one root for step 2, ended by log(step=2)"
+    assert by_name["rollout"]["parent_span_id"] == by_name["update"]["parent_span_id"] == roots[0]["span_id"]
+    lines = [json.loads(line) for line in (isolated / "proj" / "exp.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "data": {"loss": 0.5}}, {"step": 2, "data": {"loss": 0.25}}]
+
+
+def test_insight_values_before_any_step_are_exported_without_a_step(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VERL_RL_INSIGHT_ENABLE", "1")
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        tracking = Tracking("proj", "exp", default_backend=["rl_insight"])
+        RLInsightLogger.log({"warmup": 1.0}, 0)
+        tracking.finish()
+        gauges = wait_for(receiver.received.last_gauges, what="gauges")
+    assert gauges == {"warmup": 1.0}

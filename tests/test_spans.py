@@ -187,3 +187,47 @@ def test_a_span_still_open_at_finish_is_ended_and_delivered(isolated: Path, monk
     assert by_name["epoch"]["attributes"]["ml.span.ended_by"] == "finish"
     assert by_name["epoch"]["parent_span_id"] == by_name["fit"]["span_id"]
     assert {s["name"] for s in spans(isolated, steps=True)} == {"ml.step", "fit", "epoch"}
+
+
+def test_driver_spans_outside_a_run(isolated: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """Before ``Tracking()`` a process cannot know it is a driver: a span there goes to the process's
+    worker run, which ``Tracking()`` then finishes (it stayed open beside the real run).  After
+    ``finish()`` a span is not recorded, with one warning (it built a stray worker run, whose span
+    was spooled with a "no trace exporter" warning). Issue 19, item 9."""
+    import logging
+
+    from otel_tracking import run as run_module
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(isolated))
+    with trace_state("before"):
+        pass
+    stray = run_module.current_run()
+    assert stray is not None and stray.process_worker and not stray.finished
+    tracking = Tracking("proj", "exp", default_backend=["file"])
+    assert stray.finished, "Tracking() ended the worker run"
+    assert [r for r in run_module._active_runs if not r.finished] == [tracking._run]
+    (worker_spool,) = (isolated / "spool").rglob("otlp-traces.jsonl")  # the worker run's spans, as documented
+    assert '"before"' in worker_spool.read_text()
+    with trace_state("during"):
+        pass
+    tracking.log({"loss": 1.0}, 1)
+    tracking.finish()
+    caplog.set_level(logging.WARNING, logger="otel_tracking")
+    with trace_state("after") as span:
+        with trace_state("after-child"):
+            pass
+    assert not span.is_recording()
+    with trace_state("after-again"):
+        pass
+    assert run_module.current_run() is None, "no stray worker run"
+    said = [r.getMessage() for r in caplog.records if "not recorded" in r.getMessage()]
+    assert len(said) == 1 and "trace_state('after') after this process's Tracking run finished" in said[0]
+    assert [s["name"] for s in spans(isolated)] == ["during"]
+    assert [p.name for p in (isolated / "spool").rglob("*.jsonl")] == ["otlp-traces.jsonl"], "nothing spooled after"
+
+    again = Tracking("proj", "exp2", default_backend=["file"])  # a new run records spans again
+    with trace_state("next"):
+        pass
+    again.finish()
+    lines = (isolated / "proj" / "exp2.events.jsonl").read_text().splitlines()
+    assert [json.loads(line)["name"] for line in lines] == ["next", "ml.step"]

@@ -48,14 +48,24 @@ def test_non_finite_numbers_are_kept() -> None:
     assert to_number(float("-inf")) == float("-inf")
 
 
-@pytest.mark.parametrize(("step", "expected"), [(3, 3), (np.int64(3), 3), (3.0, 3), (np.float64(4.0), 4), (-1, -1)])
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [(3, 3), (np.int64(3), 3), (3.0, 3), (np.float64(4.0), 4), (-1, -1), (True, 1), (False, 0), (2**63 - 1, 2**63 - 1)],
+)
 def test_steps(step, expected) -> None:
-    assert to_step(step) == expected
+    got = to_step(step)
+    assert got == expected and type(got) is int
 
 
-@pytest.mark.parametrize("step", [None, "1", 1.5, True, float("nan"), [1]])
+@pytest.mark.parametrize("step", [None, "1", 1.5, float("nan"), float("inf"), [1]])
 def test_bad_steps(step) -> None:
     with pytest.raises(TypeError, match="step must be an integer"):
+        to_step(step)
+
+
+@pytest.mark.parametrize("step", [2**70, 2**63, -(2**63) - 1, np.uint64(2**63 + 5), float(2**70)])
+def test_steps_beyond_64_bits_are_refused(step) -> None:
+    with pytest.raises(TypeError, match="step must fit in a signed 64-bit integer"):
         to_step(step)
 
 
@@ -124,6 +134,15 @@ def test_secret_keys() -> None:
         ("OTEL_TRACES_EXPORTER", "zipkin_json_nope", "neither one of our backends"),
         ("OTEL_TRACKING_START_TIMEOUT", "soon", "OTEL_TRACKING_START_TIMEOUT='soon' is not a number"),
         ("OTEL_TRACKING_START_TIMEOUT", "-1", "OTEL_TRACKING_START_TIMEOUT='-1' must be at least 0"),
+        # issue 19, item 15: values that were accepted in silence
+        ("OTEL_TRACKING_RESUME", "atuo", "OTEL_TRACKING_RESUME='atuo' is neither 'auto' nor 'never'"),
+        ("OTEL_TRACKING_RESUME", "Nevr", "OTEL_TRACKING_RESUME='Nevr' is neither"),
+        ("OTEL_TRACKING_RESUME", "autoo", "OTEL_TRACKING_RESUME='autoo' is neither"),
+        ("RANK", "zero", "RANK='zero' is not an integer"),
+        ("OTEL_TRACKING_RUN_ID", "", "OTEL_TRACKING_RUN_ID is set but empty"),
+        ("OTEL_TRACKING_RUN_ID", "  ", "OTEL_TRACKING_RUN_ID is set but empty"),
+        ("OTEL_TRACKING_RUN_ID", "../../etc", "OTEL_TRACKING_RUN_ID='../../etc' is not a run id"),
+        ("OTEL_TRACKING_RUN_ID", "..", "OTEL_TRACKING_RUN_ID='..' is not a run id"),
     ],
 )
 def test_bad_configuration_is_one_clear_error_at_construction(monkeypatch, variable, value, message) -> None:
