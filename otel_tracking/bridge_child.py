@@ -51,7 +51,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     except (OSError, EOFError):
         return 1  # the training process died before it asked for anything
     sys.argv = argv
-    watchdog = _Watchdog(parent, settings.finish_timeout_s + GRACE_S)
+    watchdog = _Watchdog(parent, settings.finish_timeout_s + GRACE_S, replies)
     # Each sink's queue exists before its bridge opens: what arrives meanwhile waits there.
     sinks = {name: Sink(name, named_events_only=True) for name in names}
     for sink in sinks.values():
@@ -68,7 +68,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     finish = _feed(inbox, sinks, build_resource(settings), replies, watchdog)
     if finish is not None:  # the training process asked: every backend is finished
         exit_code, timeout_s = finish
-        finish_sinks(list(sinks.values()), exit_code, time.monotonic() + timeout_s)
+        finish_sinks(list(sinks.values()), exit_code, timeout_s)
         replies.send(("finished", {name: sink.stats.as_dict() for name, sink in sinks.items()}))
         _exit_after(_TEARDOWN_S)
         return 0
@@ -76,7 +76,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     # crash.  Nobody waits for a tracker still opening: what waits for it is spooled.
     for sink in sinks.values():
         sink.give_up()
-    finish_sinks(list(sinks.values()), 1, time.monotonic() + settings.finish_timeout_s)
+    finish_sinks(list(sinks.values()), 1, settings.finish_timeout_s)
     _exit_after(_CRASH_TEARDOWN_S)
     return 1
 
@@ -141,13 +141,15 @@ def _feed(
 class _Watchdog:
     """Ends the bridge process once the training process is gone, whatever the child is doing (a
     tracker's open stuck on a hung server, a backend that hangs while its run ends): it sets
-    ``parent_gone``, on which the main loop takes the crash path, and exits the process
-    ``grace_s`` later if that has not ended it.  Polling ``getppid()`` sees the death even when
-    a forked process of the training job still holds the pipe open."""
+    ``parent_gone``, on which the main loop takes the crash path, and exits the process once
+    ``grace_s`` passed with no item done (the crash path delivering to a slow backend is waited
+    for, as ``finish()`` waits for it).  Polling ``getppid()`` sees the death even when a forked
+    process of the training job still holds the pipe open."""
 
-    def __init__(self, parent: int, grace_s: float) -> None:
+    def __init__(self, parent: int, grace_s: float, progress: _Outbox) -> None:
         self.parent = parent
         self.grace_s = grace_s
+        self.progress = progress
         self.parent_gone = threading.Event()
         threading.Thread(target=self._watch, name="otel-tracking-watchdog", daemon=True).start()
 
@@ -155,7 +157,9 @@ class _Watchdog:
         while os.getppid() == self.parent:
             time.sleep(_WATCH_INTERVAL_S)
         self.parent_gone.set()
-        time.sleep(self.grace_s)
+        gone_at = time.monotonic()
+        while time.monotonic() < max(gone_at, self.progress.last_done) + self.grace_s:
+            time.sleep(_WATCH_INTERVAL_S)
         _hard_exit(1)
 
 
@@ -166,11 +170,13 @@ class _Outbox:
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._lock = threading.Lock()
-        self._acks: list[tuple[int, str]] = []
+        self._acks: list[tuple[int, str, str]] = []
+        self.last_done = 0.0  # monotonic time a sink last reached the end of an item
 
-    def acknowledge(self, token: tuple[int, str]) -> None:
+    def acknowledge(self, token: tuple[int, str], outcome: str) -> None:
         with self._lock:
-            self._acks.append(token)
+            self._acks.append((*token, outcome))
+            self.last_done = time.monotonic()
 
     def send(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)

@@ -54,12 +54,12 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from otel_tracking.delivery import Policy, Spool, set_aside, wait_handled
+from otel_tracking.delivery import Policy, Spool, item_count, set_aside, wait_handled
 from otel_tracking.pipeline import Sink
 from otel_tracking.redact import redact_config, scrub_text
 from otel_tracking.registry import bridge_inputs
 from otel_tracking.settings import ConfigError, Settings
-from otel_tracking.wire import GRACE_S, encode_item
+from otel_tracking.wire import GRACE_S, Stuck, encode_item, write_frame
 
 logger = logging.getLogger("otel_tracking")
 
@@ -106,6 +106,8 @@ class BridgeProcess:
         self._dead = False
         self._finished = False
         self._finished_ok = False  # the child answered "finished": its exit is not a death
+        self._write_closed = False  # the pipe to the child is closing: a writer waiting for room gives up
+        self._last_ack = 0.0  # monotonic time of the child's last acknowledgement: finish() waits while they come
         self._stats: dict[str, dict[str, int]] = {}
         # The start window: the child's "opened"/"failed" outcomes, until open() stops waiting.
         self._opening = threading.Condition()
@@ -138,7 +140,9 @@ class BridgeProcess:
         )
         os.close(to_child_r)
         os.close(from_child_w)
-        self._to_child = Connection(self._to_child_w, readable=False)
+        # Written without blocking (wire.write_frame): no write waits on a child that stopped reading
+        # beyond its own deadline.
+        os.set_blocking(self._to_child_w, False)
         self._from_child = Connection(self._from_child_r, writable=False)
         self._thread: threading.Thread | None = None
         self._reader: threading.Thread | None = None
@@ -162,21 +166,24 @@ class BridgeProcess:
             list(names),
             [scrub_text(arg) for arg in sys.argv],
         )
-        self._send(opening)
+        deadline = time.monotonic() + settings.start_timeout_s
+        try:
+            self._send(opening, max(settings.start_timeout_s, GRACE_S))
+        except Stuck:  # it reads nothing: it is as good as gone
+            self.process.kill()
+        except OSError:  # it died before it read anything
+            pass
         self._reader = threading.Thread(target=self._read_loop, name="otel-tracking-bridges-acks", daemon=True)
         self._reader.start()
-        outcomes, gone = self._wait_for_outcomes(names, time.monotonic() + settings.start_timeout_s)
-        if gone:
-            self._reap(timeout_s=5.0)
-            raise RuntimeError(
-                f"the otel-tracking bridge process exited (code {self.process.returncode}) before it "
-                "opened the backends; its error is above"
-            )
+        outcomes, gone = self._wait_for_outcomes(names, deadline)
         failed = [outcomes[name] for name in names if outcomes.get(name, ("",))[0] == "failed"]
         if failed:
             self._abort()
             raise _error_from(*failed[0][2:6])
         still_opening = [name for name in names if name not in outcomes]
+        if gone:
+            self._gone_while_opening(names)
+            still_opening = []
         if still_opening:
             logger.warning(
                 "otel-tracking: %s still opening after %g s (OTEL_TRACKING_START_TIMEOUT); training goes on. "
@@ -211,6 +218,23 @@ class BridgeProcess:
                 info = outcome[2] if outcome is not None and outcome[0] == "opened" else _OPENING
                 self.sinks[name] = RemoteSink(self, name, info)
             return outcomes, self._gone_early
+
+    def _gone_while_opening(self, names: Sequence[str]) -> None:
+        """The child died before the trackers opened (killed, or a tracker's SDK crashed in native
+        code at its import): training goes on, and what is logged for them is spooled by this
+        process, for ``otel-tracking replay``, which opens them then."""
+        self._reap(timeout_s=5.0)
+        self._child_gone(warn=False)
+        logger.warning(
+            "otel-tracking: the bridge process exited (code %s) while it opened %s; training goes on, and "
+            "what is logged for %s is spooled: deliver it with `otel-tracking replay %s`",
+            self.process.returncode,
+            ", ".join(names),
+            "it" if len(names) == 1 else "them",
+            self.settings.spool_dir,
+        )
+        for name in names:
+            self.sinks[name].where = "the bridge process exited before it opened: spooled"
 
     def _abort(self) -> None:
         """A bridge failed to open: the child ends the runs that did open (as failed) and exits."""
@@ -288,19 +312,30 @@ class BridgeProcess:
                 self._outcome(message)
                 continue
             if message[0] == "acks":
-                with self._ack_lock:
-                    for seq, name in message[1]:
-                        entry = self._unacked.get(seq)
-                        if entry is not None:
-                            entry[1].discard(name)
-                            if not entry[1]:
-                                del self._unacked[seq]
+                self._acknowledged(message[1])
                 continue
             if message[0] == "finished":  # every backend finished: nothing is pending any more
                 self._finished_ok = True
                 with self._ack_lock:
                     self._unacked.clear()
             self._replies.put(message)
+
+    def _acknowledged(self, acks: Sequence[tuple[int, str, str]]) -> None:
+        """Items a sink in the child is done with: no longer this process's to keep, and counted
+        for that sink as they come (so that a child that dies later leaves true counts)."""
+        counted: list[tuple[str, str, int]] = []
+        with self._ack_lock:
+            self._last_ack = time.monotonic()
+            for seq, name, outcome in acks:
+                entry = self._unacked.get(seq)
+                if entry is None or name not in entry[1]:
+                    continue
+                entry[1].discard(name)
+                if not entry[1]:
+                    del self._unacked[seq]
+                counted.append((name, outcome, item_count(entry[0].kind, entry[0].payload)))
+        for name, outcome, n in counted:
+            self.sinks[name].count(outcome, n)
 
     def _outcome(self, outcome: tuple[Any, ...]) -> None:
         """A bridge opened or failed: open() takes it while it waits; after that, the remote sink."""
@@ -337,14 +372,23 @@ class BridgeProcess:
             for message, names in pending:
                 self._set_aside(message, sorted(names))
 
-    def _send(self, message: Any, timeout_s: float = -1) -> None:
-        """One message on the pipe; with ``timeout_s``, a link thread stuck writing to a child that
-        does not read (and holding the pipe) makes this raise TimeoutError instead of waiting."""
+    def _send(self, message: Any, timeout_s: float | None = None) -> None:
+        """One message on the pipe.  With ``timeout_s``, a child that does not read makes this raise
+        :class:`~otel_tracking.wire.Stuck` within it (whether another writer holds the pipe or the
+        pipe is full); without, it waits until the pipe closes.  A message cut short by the deadline
+        leaves a stream the child cannot read: the child is stopped (its window is spooled)."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        if not self._send_lock.acquire(timeout=timeout_s):
-            raise TimeoutError("the bridge process is not reading its pipe")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if not self._send_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise Stuck(torn=False)
         try:
-            self._to_child.send_bytes(data)
+            if self._write_closed:
+                raise BrokenPipeError("the pipe to the bridge process is closed")
+            write_frame(self._to_child_w, data, deadline, cancelled=lambda: self._write_closed)
+        except Stuck as stuck:
+            if stuck.torn:
+                self.process.kill()
+            raise
         finally:
             self._send_lock.release()
 
@@ -370,17 +414,30 @@ class BridgeProcess:
             if reply[0] == expected and (request is None or reply[-1] == request):
                 return reply
 
-    def _request(self, message: Any, expected: str, timeout_s: float, request: int | None = None) -> Any:
+    def _request(
+        self, message: Any, expected: str, timeout_s: float, request: int | None = None, while_acked: bool = False
+    ) -> Any:
+        """Send ``message``, wait for its reply; ``while_acked``: for as long as acknowledgements
+        keep coming (each one moves the deadline)."""
         if self._dead:
             return None
         try:
             self._send(message, timeout_s)
-        except TimeoutError:
+        except Stuck:
             return None  # the caller stops the child (it does not read)
         except (OSError, EOFError):
             self._child_gone()
             return None
-        return self._receive(expected, timeout_s, request)
+        if not while_acked:
+            return self._receive(expected, timeout_s, request)
+        started = time.monotonic()
+        while True:
+            window = max(started, self._last_ack) + timeout_s - time.monotonic()
+            if window <= 0:
+                return None
+            reply = self._receive(expected, min(window, 1.0), request)
+            if reply is not None or self._dead or self.process.poll() is not None:
+                return reply
 
     # --- the end ---------------------------------------------------------------------------------
 
@@ -395,7 +452,9 @@ class BridgeProcess:
         return bool(reply and reply[1])
 
     def finish(self, exit_code: int, timeout_s: float) -> None:
-        """Hand over the rest, have the child drain and close every backend, collect its counts; once."""
+        """Hand over the rest, have the child drain and close every backend, collect its counts; once.
+        The child drains each backend while it makes progress (``timeout_s`` is the bound for one
+        that delivers nothing), and this process waits for it while its acknowledgements come."""
         if self._finished:
             return
         self._finished = True
@@ -405,8 +464,7 @@ class BridgeProcess:
         if self._thread is not None:
             self._thread.join(max(0.1, deadline - time.monotonic()))
         self._drain_to_spool()  # what the link thread did not take (it may be stuck writing)
-        remaining = max(0.0, deadline - time.monotonic())
-        reply = self._request(("finish", exit_code, remaining), "finished", timeout_s + GRACE_S)
+        reply = self._request(("finish", exit_code, timeout_s), "finished", timeout_s + GRACE_S, while_acked=True)
         if reply is not None:
             self._stats = reply[1]
             # Every backend is finished: the child's interpreter teardown (seconds, for MLflow's
@@ -416,7 +474,7 @@ class BridgeProcess:
             return
         if not self._dead:
             logger.warning(
-                "otel-tracking: the bridge process did not finish within %.0f s; stopping it",
+                "otel-tracking: the bridge process made no progress for %.0f s while it finished; stopping it",
                 timeout_s + GRACE_S,
             )
         self._reap(timeout_s=GRACE_S)
@@ -453,8 +511,16 @@ class BridgeProcess:
     def _close(self) -> None:
         # Only the sending end: the reader thread closes its own end when the child has gone (closing
         # a descriptor another thread is reading could hand its number to a file opened meanwhile).
-        with contextlib.suppress(OSError):
-            self._to_child.close()
+        # A writer waiting for room sees _write_closed within a poll slice and lets go of the pipe.
+        self._write_closed = True
+        if self._send_lock.acquire(timeout=5.0):
+            try:
+                if self._to_child_w >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(self._to_child_w)
+                    self._to_child_w = -1
+            finally:
+                self._send_lock.release()
         if self._reader is None:
             with contextlib.suppress(OSError):
                 self._from_child.close()
@@ -490,7 +556,7 @@ class RemoteSink(Sink):
         self,
         spool: Spool | None,
         policy: Policy | None = None,
-        done: Callable[[Any], None] | None = None,
+        done: Callable[[Any, str], None] | None = None,
         held: bool = False,
     ) -> None:
         if spool is not None:  # the child spools to <sink>.jsonl; this side, only when the link fails
@@ -542,13 +608,17 @@ class RemoteSink(Sink):
     def flush(self, timeout_s: float) -> bool:
         return self.link.flush(timeout_s)
 
-    def finish(self, exit_code: int, timeout_s: float = 30.0) -> None:
+    def finish(self, exit_code: int, timeout_s: float = 30.0, since: float | None = None) -> None:
         if self._finished:
             return
         self._finished = True
         self.link.finish(exit_code, timeout_s)
+        # Items were counted as their acknowledgements came; the child's final counts add the
+        # export attempts (failed, retried), which only it saw.
+        attempts = {"failed", "retried"}
         for field, n in self.link.child_stats(self.name).items():
-            self.count(field, n)
+            if field in attempts:
+                self.count(field, n)
         if self._spool is not None:
             self._spool.close()
 

@@ -94,11 +94,11 @@ class Sink:
         self,
         spool: Spool | None,
         policy: Policy | None = None,
-        done: Callable[[Any], None] | None = None,
+        done: Callable[[Any, str], None] | None = None,
         held: bool = False,
     ) -> None:
         """Give a non-inline sink its worker (the run does this once its spool path is known);
-        ``done(token)`` hears when each item submitted with a token reached its end.  A ``held``
+        ``done(token, outcome)`` hears when each item submitted with a token reached its end.  A ``held``
         sink's backend is still opening: its queue keeps what comes until :meth:`attach`."""
         if not self.inline and self.worker is None:
             self.worker = Worker(self.name, self.deliver, self.count, spool, policy, done, held=held)
@@ -199,14 +199,16 @@ class Sink:
         backends = (item.log_record.attributes or {}).get("ml.backends")
         return not isinstance(backends, (list, tuple)) or self.name in backends
 
-    def finish(self, exit_code: int, timeout_s: float = 30.0) -> None:
-        """Drain the queue (spooling what cannot go before the deadline), flush and shut down every
-        exporter, then end the backend's run; once."""
+    def finish(self, exit_code: int, timeout_s: float = 30.0, since: float | None = None) -> None:
+        """Drain the queue while the backend makes progress (spooling what a backend that
+        delivered nothing for ``timeout_s``, counted from ``since`` or now, still holds), flush and
+        shut down every exporter, then end the backend's run; once."""
         if self._finished:
             return
         self._finished = True
         if self.worker is not None:
-            self.worker.stop(timeout_s)  # a backend still opening is waited for until the deadline, then given up
+            # a backend still opening is waited for until the timeout, then given up
+            self.worker.stop(timeout_s, since)
         with self._lock:
             self._sealed = True
         for exporter in (self.metrics, self.spans, self.logs):
@@ -238,12 +240,42 @@ def flush_sinks(sinks: Sequence[Sink], deadline: float) -> bool:
     return all([sink.flush(max(0.0, deadline - time.monotonic())) for sink in sinks])
 
 
-def finish_sinks(sinks: Sequence[Sink], exit_code: int, deadline: float) -> None:
-    """Drain every sink's queue at once, then finish them one by one; ``deadline`` (monotonic)
-    bounds the total, and what is still queued then is spooled."""
-    flush_sinks(sinks, deadline)
+PROGRESS_AFTER_S = 5.0  # finish() says what it is waiting for once it has drained this long, and again
+
+
+def drain_sinks(sinks: Sequence[Sink], stall_s: float, since: float) -> None:
+    """Wait for every sink's queue at once, each for as long as its backend makes progress (see
+    ``Worker.drain``): a backend that delivered nothing for ``stall_s`` is no longer waited for.
+    Every ``PROGRESS_AFTER_S`` one line says which backends are still delivering."""
+    waiting = [sink for sink in sinks if sink.worker is not None]
+    next_line = since + PROGRESS_AFTER_S
+    while waiting:
+        worker = waiting[0].worker
+        assert worker is not None
+        state = worker.drain(stall_s, since, wait_s=max(0.0, next_line - time.monotonic()))
+        if state != "moving":
+            waiting.pop(0)
+            continue
+        now = time.monotonic()
+        if now >= next_line:
+            next_line = now + PROGRESS_AFTER_S
+            left = ", ".join(f"{s.name} ({s.worker.backlog()} items left)" for s in waiting if s.worker is not None)
+            logger.warning(
+                "otel-tracking: finishing for %.0f s: still delivering to %s; waiting while they make progress "
+                "(what a backend that delivers nothing for %g s still holds is spooled)",
+                now - since,
+                left,
+                stall_s,
+            )
+
+
+def finish_sinks(sinks: Sequence[Sink], exit_code: int, stall_s: float) -> None:
+    """Drain every sink's queue at once while its backend makes progress, then finish them one by
+    one; what a backend that delivered nothing for ``stall_s`` still holds is spooled."""
+    since = time.monotonic()
+    drain_sinks(sinks, stall_s, since)
     for sink in sinks:
-        sink.finish(exit_code, timeout_s=max(0.0, deadline - time.monotonic()))
+        sink.finish(exit_code, timeout_s=stall_s, since=since)
 
 
 class SinkSpanProcessor(SpanProcessor):

@@ -6,8 +6,8 @@ its own (built here, per process, never installed globally), and the shutdown or
 
 1. end the OTLP periodic metric export (one last export of the final values);
 2. flush and shut down the span and log providers (pending spans and records reach every sink);
-3. drain every sink's queue, all at once, until ``OTEL_TRACKING_FINISH_TIMEOUT`` (what is left is
-   spooled, never silently lost);
+3. drain every sink's queue, all at once, while its backend makes progress (what a backend that
+   delivered nothing for ``OTEL_TRACKING_FINISH_TIMEOUT`` still holds is spooled, never lost);
 4. finish each sink: shut down its exporters, end the backend's run with the exit code.
 
 ``finish()`` is idempotent.  A run that was not finished is finished at interpreter exit by a hook
@@ -322,7 +322,6 @@ class Run:
                 _active_runs.remove(self)
         if self.pid != os.getpid():
             return self.stats()
-        deadline = time.monotonic() + self.settings.finish_timeout_s
         for periodic in self._periodic:
             periodic.stop()
         # Spans still open (``with trace_state("fit"): ... finish()``) end here, saying so, rather
@@ -338,7 +337,7 @@ class Run:
                 provider.shutdown()
             except Exception:
                 logger.exception("otel-tracking: flushing %s failed", type(provider).__name__)
-        finish_sinks(self.all_sinks, exit_code, deadline)
+        finish_sinks(self.all_sinks, exit_code, self.settings.finish_timeout_s)
         if self.record is not None:
             for sink in self.sinks:  # a tracker that opened late said how to reattach by now
                 self.record.set_backend(sink.name, sink.resume)

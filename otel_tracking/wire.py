@@ -28,7 +28,11 @@ spool's encoding (``codec.py``); a step goes as its parts, its non-number values
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import select
+import struct
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from otel_tracking.codec import decode_logs, decode_spans, encode_logs, encode_spans
@@ -39,6 +43,44 @@ ITEM_KINDS = ("metrics", "spans", "logs")
 # Beyond the finish deadline: for the child to close its backends and answer, and for the
 # training process to wait for that answer before it stops the child.
 GRACE_S = 10.0
+
+
+class Stuck(TimeoutError):
+    """The reader did not take a message within its deadline.  ``torn``: part of it is in the pipe,
+    so the stream can no longer be read (the reader must be stopped)."""
+
+    def __init__(self, torn: bool) -> None:
+        super().__init__("the bridge process is not reading its pipe")
+        self.torn = torn
+
+
+def write_frame(fd: int, data: bytes, deadline: float | None, cancelled: Callable[[], bool]) -> None:
+    """Write one message to a non-blocking pipe, in ``Connection``'s framing (the reader uses
+    ``recv_bytes``), waiting for room in it until ``deadline`` (monotonic; None: no deadline) or
+    until ``cancelled()``.  A message of up to ``PIPE_BUF`` bytes goes in whole or not at all.
+    Raises :class:`Stuck` when the reader does not make room in time, OSError when it is gone."""
+    n = len(data)
+    header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!i", -1) + struct.pack("!Q", n)
+    view = memoryview(header + data)
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    written = 0
+    while written < len(view):
+        wait_s = _POLL_SLICE_S if deadline is None else min(_POLL_SLICE_S, deadline - time.monotonic())
+        if wait_s <= 0 or cancelled():
+            raise Stuck(torn=written > 0)
+        events = poller.poll(wait_s * 1000)
+        if not events:
+            continue
+        if events[0][1] & (select.POLLERR | select.POLLHUP):
+            raise BrokenPipeError("the bridge process closed its pipe")
+        try:
+            written += os.write(fd, view[written:])
+        except BlockingIOError:  # room for less than an atomic write: wait for more
+            continue
+
+
+_POLL_SLICE_S = 0.2  # how often a writer waiting for room looks whether it was cancelled
 
 
 def encode_item(kind: str, seq: int, names: Sequence[str], payload: Any) -> tuple[Any, ...]:

@@ -7,6 +7,7 @@ would in one process, and either process dying takes nothing that was handed ove
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -161,7 +162,9 @@ def test_bridge_process_killed_training_goes_on_and_replay_delivers_the_rest(
     started = time.monotonic()
     stats = tracking.finish()
     assert time.monotonic() - started < 10
-    assert stats["mlflow"]["delivered"] == 0  # the child's own counts died with it
+    # counted as the child acknowledged them, not from its final reply, which died with it (issue 19,
+    # item 8: this said "delivered 0" before)
+    assert stats["mlflow"]["delivered"] == 10
     assert stats["mlflow"]["spooled"] == 10
     assert any("the bridge process is gone" in r.getMessage() for r in caplog.records)
     link_spool = list((isolated / "spool").rglob("mlflow.link.jsonl"))
@@ -344,3 +347,47 @@ def test_finish_returns_in_bounded_time_when_the_bridge_process_hangs(
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "m7")) == list(range(60))
     scalars, _, _ = read_events(tmp_path / "tb")
     assert sorted(step for step, _ in scalars["m7"]) == list(range(60))
+
+
+def test_a_request_into_a_full_pipe_to_a_child_that_stopped_reading_is_bounded(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19, item 12: the pipe to a child that stopped reading is full (here filled from
+    outside), and no other writer holds it: flush() and finish() still return (a write is bounded
+    by its deadline, not only the wait for the pipe), the child is stopped, and nothing is lost."""
+    import threading
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(isolated / "tb"))
+    monkeypatch.setenv("OTEL_TRACKING_FINISH_TIMEOUT", "1")
+    tracking = Tracking("proj", "exp", default_backend=["tensorboard"])
+    for step in range(5):
+        tracking.log({"loss": _loss(step)}, step)
+    assert tracking.flush(timeout_s=120)
+    link = tracking.logger["tensorboard"].link
+    link.process.send_signal(signal.SIGSTOP)  # it reads nothing any more
+    try:
+        fd = link._to_child_w
+        blocking = os.get_blocking(fd)
+        os.set_blocking(fd, False)
+        with pytest.raises(BlockingIOError):
+            while True:
+                os.write(fd, bytes(4096))
+        os.set_blocking(fd, blocking)  # as the link left it
+
+        def within(cap_s: float, call: object) -> list[object]:
+            result: list[object] = []
+            thread = threading.Thread(target=lambda: result.append(call()), daemon=True)  # type: ignore[operator]
+            thread.start()
+            thread.join(cap_s)
+            assert result, f"blocked for {cap_s} s writing to the full pipe"
+            return result
+
+        assert within(120, lambda: tracking.flush(timeout_s=1)) == [False]
+        (stats,) = within(120, tracking.finish)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            link.process.send_signal(signal.SIGKILL)
+    assert stats["tensorboard"]["delivered"] == 5 and stats["tensorboard"]["dropped"] == 0, stats  # type: ignore[index]
+    wait_for(lambda: link.process.poll() is not None, timeout_s=60, what="the stuck bridge process stopped")
+    scalars, _, _ = read_events(isolated / "tb")
+    assert scalars["loss"] == [(s, pytest.approx(_loss(s))) for s in range(5)]
