@@ -59,32 +59,38 @@ from otel_tracking.pipeline import Sink
 from otel_tracking.redact import redact_config, scrub_text
 from otel_tracking.registry import bridge_inputs
 from otel_tracking.settings import ConfigError, Settings
-from otel_tracking.wire import GRACE_S, Stuck, encode_item, write_frame
+from otel_tracking.wire import (
+    GRACE_S,
+    OPENING,
+    Acks,
+    BridgeInfo,
+    Failed,
+    Finish,
+    Finished,
+    Flush,
+    Flushed,
+    Open,
+    Opened,
+    Stuck,
+    encode_item,
+    write_frame,
+)
 
 logger = logging.getLogger("otel_tracking")
 
 _STOP = object()
-# What the training process assumes of a bridge still opening: it may take everything.
-_OPENING = {
-    "metrics": True,
-    "spans": True,
-    "logs": True,
-    "where": "opening in the otel-tracking bridge process",
-    "resume": None,
-}
 
 
 class _Message:
     """One payload on its way to some of the child's sinks: a log() call goes out once, however
-    many bridges it is for (the sinks that get it add their names until the link thread takes it)."""
+    many bridges it is for."""
 
-    __slots__ = ("kind", "names", "payload", "sealed")
+    __slots__ = ("kind", "names", "payload")
 
-    def __init__(self, kind: str, payload: Any, name: str) -> None:
+    def __init__(self, kind: str, payload: Any, names: Sequence[str]) -> None:
         self.kind = kind
         self.payload = payload
-        self.names = [name]
-        self.sealed = False
+        self.names = tuple(names)
 
 
 class BridgeProcess:
@@ -94,11 +100,9 @@ class BridgeProcess:
         self.settings = settings
         self.sinks: dict[str, RemoteSink] = {}
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=settings.delivery.queue_size)
-        self._lock = threading.Lock()  # guards the open message (the training thread takes it: keep it short)
         self._ack_lock = threading.Lock()  # guards what is unacknowledged, and _dead
         self._gone_lock = threading.Lock()  # held while a dead child's unacknowledged items are spooled
         self._send_lock = threading.Lock()  # one writer on the pipe (it may block: never under _lock)
-        self._last: _Message | None = None
         self._seq = 0
         self._requests = 0  # flush() requests sent, to match each answer to its own
         self._unacked: dict[int, tuple[_Message, set[str]]] = {}  # sent, not yet done for these sinks
@@ -111,7 +115,7 @@ class BridgeProcess:
         self._stats: dict[str, dict[str, int]] = {}
         # The start window: the child's "opened"/"failed" outcomes, until open() stops waiting.
         self._opening = threading.Condition()
-        self._outcomes: dict[str, tuple[Any, ...]] = {}
+        self._outcomes: dict[str, Opened | Failed] = {}
         self._window_open = True
         self._gone_early = False  # the child exited while open() was waiting
         to_child_r, self._to_child_w = os.pipe()
@@ -158,8 +162,7 @@ class BridgeProcess:
         # sys.argv too: trackers record the training script (MLflow's source tags).
         # The config redacted, with what the bridges use as is (wandb's proxy) beside it; argv
         # scrubbed (trackers record it; Hydra overrides can carry a token).
-        opening = (
-            "open",
+        opening = Open(
             settings,
             _picklable(redact_config(config)),
             bridge_inputs(config),
@@ -176,10 +179,10 @@ class BridgeProcess:
         self._reader = threading.Thread(target=self._read_loop, name="otel-tracking-bridges-acks", daemon=True)
         self._reader.start()
         outcomes, gone = self._wait_for_outcomes(names, deadline)
-        failed = [outcomes[name] for name in names if outcomes.get(name, ("",))[0] == "failed"]
+        failed = [outcome for name in names if isinstance(outcome := outcomes.get(name), Failed)]
         if failed:
             self._abort()
-            raise _error_from(*failed[0][2:6])
+            raise _error_from(failed[0])
         still_opening = [name for name in names if name not in outcomes]
         if gone:
             self._gone_while_opening(names)
@@ -197,7 +200,7 @@ class BridgeProcess:
         self._thread.start()
         return [self.sinks[name] for name in names]
 
-    def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, tuple[Any, ...]], bool]:
+    def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, Opened | Failed], bool]:
         """Wait until every bridge opened, one failed, the child is gone, or ``deadline``; then close
         the window: every bridge gets its remote sink now, and later outcomes are the reader's to
         handle.  (outcomes within the window, whether the child is gone)."""
@@ -205,7 +208,7 @@ class BridgeProcess:
             while not (
                 self._gone_early
                 or len(self._outcomes) == len(names)
-                or any(outcome[0] == "failed" for outcome in self._outcomes.values())
+                or any(isinstance(outcome, Failed) for outcome in self._outcomes.values())
             ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -215,7 +218,7 @@ class BridgeProcess:
             outcomes = dict(self._outcomes)
             for name in names:
                 outcome = outcomes.get(name)
-                info = outcome[2] if outcome is not None and outcome[0] == "opened" else _OPENING
+                info = outcome.info if isinstance(outcome, Opened) else OPENING
                 self.sinks[name] = RemoteSink(self, name, info)
             return outcomes, self._gone_early
 
@@ -238,18 +241,14 @@ class BridgeProcess:
 
     def _abort(self) -> None:
         """A bridge failed to open: the child ends the runs that did open (as failed) and exits."""
-        self._request(("finish", 1, 0.0), "finished", GRACE_S)
+        self._request(Finish(1, 0.0), Finished, GRACE_S)
         self._reap(timeout_s=5.0)
 
     # --- the training thread's side --------------------------------------------------------------
 
-    def submit(self, name: str, kind: str, payload: Any) -> None:
-        with self._lock:
-            last = self._last
-            if last is not None and not last.sealed and last.payload is payload and last.kind == kind:
-                last.names.append(name)
-                return
-            message = self._last = _Message(kind, payload, name)
+    def submit(self, names: Sequence[str], kind: str, payload: Any) -> None:
+        """Hand one item to the named bridges (pipeline.export_to gathers them); never blocks."""
+        message = _Message(kind, payload, names)
         try:
             self._queue.put_nowait(message)
         except queue.Full:
@@ -263,8 +262,6 @@ class BridgeProcess:
             try:
                 if message is _STOP:
                     return
-                with self._lock:
-                    message.sealed = True
                 with self._ack_lock:
                     dead = self._dead
                     if not dead:  # kept until acknowledged: registered before it can arrive
@@ -287,10 +284,7 @@ class BridgeProcess:
                 self._queue.task_done()
 
     def _set_aside(self, message: _Message, names: Sequence[str] | None = None) -> None:
-        with self._lock:  # sealed first: the bridges after these get messages of their own
-            message.sealed = True
-            names = list(message.names if names is None else names)
-        for name in names:
+        for name in message.names if names is None else names:
             self.sinks[name].spool_item(message.kind, message.payload)
 
     # --- the reader thread: acknowledgements and replies -----------------------------------------
@@ -308,13 +302,13 @@ class BridgeProcess:
                     self._child_gone(warn=not self._gone_early)
                 self._replies.put(None)
                 return
-            if message[0] in ("opened", "failed"):
+            if isinstance(message, (Opened, Failed)):
                 self._outcome(message)
                 continue
-            if message[0] == "acks":
-                self._acknowledged(message[1])
+            if isinstance(message, Acks):
+                self._acknowledged(message.acks)
                 continue
-            if message[0] == "finished":  # every backend finished: nothing is pending any more
+            if isinstance(message, Finished):  # every backend finished: nothing is pending any more
                 self._finished_ok = True
                 with self._ack_lock:
                     self._unacked.clear()
@@ -337,19 +331,19 @@ class BridgeProcess:
         for name, outcome, n in counted:
             self.sinks[name].count(outcome, n)
 
-    def _outcome(self, outcome: tuple[Any, ...]) -> None:
+    def _outcome(self, outcome: Opened | Failed) -> None:
         """A bridge opened or failed: open() takes it while it waits; after that, the remote sink."""
-        name = outcome[1]
+        name = outcome.name
         with self._opening:
             if self._window_open:
                 self._outcomes[name] = outcome
                 self._opening.notify_all()
                 return
         sink = self.sinks[name]
-        if outcome[0] == "opened":
-            sink.opened_late(outcome[2])
+        if isinstance(outcome, Opened):
+            sink.opened_late(outcome.info)
         else:
-            sink.failed_late(f"{outcome[2]}: {outcome[3]}")
+            sink.failed_late(f"{outcome.type_name}: {outcome.message}")
 
     def _child_gone(self, warn: bool = True) -> None:
         """The child died: spool everything it had not acknowledged, once.  Whichever thread sees it
@@ -399,7 +393,7 @@ class BridgeProcess:
         except (OSError, EOFError):
             return None
 
-    def _receive(self, expected: str, timeout_s: float, request: int | None = None) -> Any:
+    def _receive(self, expected: type, timeout_s: float, request: int | None = None) -> Any:
         """The child's reply of the ``expected`` kind, to ``request`` when the reply carries one (the
         reader thread passes replies on; one to an earlier request that timed out is skipped); None
         when the child is gone or late."""
@@ -411,11 +405,11 @@ class BridgeProcess:
                 return None
             if reply is None:
                 return None
-            if reply[0] == expected and (request is None or reply[-1] == request):
+            if isinstance(reply, expected) and (request is None or getattr(reply, "request", None) == request):
                 return reply
 
     def _request(
-        self, message: Any, expected: str, timeout_s: float, request: int | None = None, while_acked: bool = False
+        self, message: Any, expected: type, timeout_s: float, request: int | None = None, while_acked: bool = False
     ) -> Any:
         """Send ``message``, wait for its reply; ``while_acked``: for as long as acknowledgements
         keep coming (each one moves the deadline)."""
@@ -447,9 +441,9 @@ class BridgeProcess:
             return False
         self._requests += 1  # numbered: a late answer to an earlier flush() never answers this one
         request = self._requests
-        message = ("flush", max(0.0, deadline - time.monotonic()), request)
-        reply = self._request(message, "flushed", timeout_s + GRACE_S, request)
-        return bool(reply and reply[1])
+        message = Flush(max(0.0, deadline - time.monotonic()), request)
+        reply: Flushed | None = self._request(message, Flushed, timeout_s + GRACE_S, request)
+        return reply is not None and reply.ok
 
     def finish(self, exit_code: int, timeout_s: float) -> None:
         """Hand over the rest, have the child drain and close every backend, collect its counts; once.
@@ -464,9 +458,11 @@ class BridgeProcess:
         if self._thread is not None:
             self._thread.join(max(0.1, deadline - time.monotonic()))
         self._drain_to_spool()  # what the link thread did not take (it may be stuck writing)
-        reply = self._request(("finish", exit_code, timeout_s), "finished", timeout_s + GRACE_S, while_acked=True)
-        if reply is not None:
-            self._stats = reply[1]
+        finished: Finished | None = self._request(
+            Finish(exit_code, timeout_s), Finished, timeout_s + GRACE_S, while_acked=True
+        )
+        if finished is not None:
+            self._stats = finished.counts
             # Every backend is finished: the child's interpreter teardown (seconds, for MLflow's
             # imports) is none of the training loop's business.  Reap it in the background.
             self._close()
@@ -538,18 +534,12 @@ class RemoteSink(Sink):
     """A bridge running in the bridge process, as the training process's run sees it: what it
     gets goes to the link; counts are the child's, plus what this side had to spool."""
 
-    def __init__(self, link: BridgeProcess, name: str, info: dict[str, Any]) -> None:
-        present = "in the otel-tracking bridge process"
-        super().__init__(
-            name,
-            metrics=present if info["metrics"] else None,  # type: ignore[arg-type]
-            spans=present if info["spans"] else None,  # type: ignore[arg-type]
-            logs=present if info["logs"] else None,
-            where=info["where"],
-            named_events_only=True,
-            resume=info["resume"],
-        )
+    def __init__(self, link: BridgeProcess, name: str, info: BridgeInfo) -> None:
+        # Its exporters are in the child: what it takes is what the child said its bridge takes.
+        super().__init__(name, where=info.where, named_events_only=True, resume=info.resume)
+        self.info = info
         self.link = link
+        self.carrier = link  # what the run hands it goes to the link, once for all the bridges
         self._spool: Spool | None = None
 
     def start(
@@ -563,19 +553,20 @@ class RemoteSink(Sink):
             spool = Spool(spool.path.with_suffix(".link.jsonl"), spool.header)
         self._spool = spool
 
-    def _submit(self, kind: str, payload: Any) -> None:
-        self.link.submit(self.name, kind, payload)
+    def takes(self, kind: str) -> bool:
+        return bool(getattr(self.info, kind))
 
-    def opened_late(self, info: dict[str, Any]) -> None:
+    def opened_late(self, info: BridgeInfo) -> None:
         """The bridge opened after the start window: what it was sent meanwhile is delivered now."""
-        self.where = info["where"]
-        self.resume = info["resume"]
+        self.info = info
+        self.where = info.where
+        self.resume = info.resume
         if self.on_resume is not None:
             self.on_resume(self.name, self.resume)
         if self._spool is not None:  # replay of the link's spool reattaches to the same run
-            self._spool.header["resume"] = info["resume"]
-        if not (info["metrics"] or info["spans"] or info["logs"]):  # MLflow not reachable, after its attempts
-            self.failed_late(f"it opened with nothing to write to: {info['where']}")
+            self._spool.header["resume"] = info.resume
+        if not (info.metrics or info.spans or info.logs):  # MLflow not reachable, after its attempts
+            self.failed_late(f"it opened with nothing to write to: {info.where}")
         else:
             logger.info("otel-tracking: %s opened: %s", self.name, self.where)
 
@@ -653,22 +644,22 @@ _ERRORS: dict[str, type[Exception]] = {
 }
 
 
-def _error_from(type_name: str, message: str, module: str = "", qualname: str = "") -> Exception:
+def _error_from(failed: Failed) -> Exception:
     """The child's error as itself, so that a user's ``except`` does not depend on where the
     trackers run: our own types, else the original class (a tracker's, e.g. wandb's UsageError),
     imported here only now that Tracking() fails; a RuntimeError naming it when it cannot be."""
-    kind = _ERRORS.get(type_name)
+    kind = _ERRORS.get(failed.type_name)
     if kind is not None:
-        return kind(message)
+        return kind(failed.message)
     try:
-        found: Any = importlib.import_module(module)
-        for part in qualname.split("."):
+        found: Any = importlib.import_module(failed.module)
+        for part in failed.qualname.split("."):
             found = getattr(found, part)
         if isinstance(found, type) and issubclass(found, Exception):
-            return found(message)
+            return found(failed.message)
     except Exception:  # not importable here, or a constructor that wants other arguments
         pass
-    return RuntimeError(f"{type_name}: {message}")
+    return RuntimeError(f"{failed.type_name}: {failed.message}")
 
 
 def _fileno(stream: Any) -> int | None:

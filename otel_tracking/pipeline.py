@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
@@ -53,6 +53,13 @@ class SinkStats:
 _FAILED = (MetricExportResult.FAILURE, SpanExportResult.FAILURE)
 
 
+class Carrier(Protocol):
+    """What carries items for several sinks at once (the pipe to the bridge process): one item,
+    the names of the sinks it is for."""
+
+    def submit(self, names: Sequence[str], kind: str, payload: Any) -> None: ...
+
+
 class Sink:
     """One backend's exporters, guarded and counted; inline or behind a worker."""
 
@@ -76,12 +83,14 @@ class Sink:
         self.metrics = metrics
         self.spans = spans
         self.logs = logs
+        self._step_records = _takes_step_records(metrics)
         self.where = where  # shown to the user at the end of a run: where this sink wrote
         self.inline = inline  # called on the caller's thread (file, console): on disk when log() returns
         self.resume = resume  # what replay needs to reattach to this backend's run (e.g. an MLflow run id)
         # Told (name, resume) when a bridge opened after the run started: the run's reattach record.
         self.on_resume: Callable[[str, dict[str, Any] | None], Any] | None = None
         self.policy = policy  # this sink's own retry policy, instead of the run's
+        self.carrier: Carrier | None = None  # set when its exporters are elsewhere (see export_to)
         self._on_finish = on_finish
         self.stats = SinkStats()
         self.worker: Worker | None = None
@@ -111,6 +120,7 @@ class Sink:
             if self._sealed:
                 return False
             self.metrics, self.spans, self.logs = parts.metrics, parts.spans, parts.logs
+            self._step_records = _takes_step_records(parts.metrics)
             self._on_finish = parts.finish
             self.where = parts.where
             self.resume = parts.resume
@@ -135,6 +145,10 @@ class Sink:
         """Wait until what was handed to this sink so far is delivered or spooled."""
         return self.worker.flush(timeout_s) if self.worker is not None else True
 
+    def takes(self, kind: str) -> bool:
+        """Whether this sink exports ``kind`` ("metrics", "spans" or "logs")."""
+        return {"metrics": self.metrics, "spans": self.spans, "logs": self.logs}[kind] is not None
+
     def count(self, field: str, n: int) -> None:
         with self._lock:
             setattr(self.stats, field, getattr(self.stats, field) + n)
@@ -146,7 +160,7 @@ class Sink:
         try:
             if kind != "metrics":
                 result = exporter.export(payload)
-            elif isinstance(payload, StepBatch) and hasattr(exporter, "export_records"):
+            elif isinstance(payload, StepBatch) and self._step_records:
                 result = exporter.export_records([payload.record()])  # our step exporters: no OTel round trip
             else:
                 result = exporter.export(materialize(payload))
@@ -159,7 +173,9 @@ class Sink:
         return True
 
     def _submit(self, kind: str, payload: Any) -> None:
-        if self.worker is not None:
+        if self.carrier is not None:
+            self.carrier.submit([self.name], kind, payload)
+        elif self.worker is not None:
             self.worker.submit(kind, payload)
         elif self.deliver(kind, payload):
             self.count("delivered", item_count(kind, payload))
@@ -179,15 +195,15 @@ class Sink:
             logger.debug(message, self.name, what, detail)
 
     def export_metrics(self, data: MetricsData | StepBatch) -> None:
-        if self.metrics is not None:
+        if self.takes("metrics"):
             self._submit("metrics", data)
 
     def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
-        if self.spans is not None:
+        if self.takes("spans"):
             self._submit("spans", spans)
 
     def export_logs(self, records: Sequence[ReadableLogRecord]) -> None:
-        if self.logs is None:
+        if not self.takes("logs"):
             return
         if self.named_events_only:
             records = [r for r in records if self._is_named(r)]
@@ -232,6 +248,27 @@ class Sink:
             if spool is not None and spool.path.exists():
                 with contextlib.suppress(OSError):
                     spool.end(exit_code)
+
+
+def export_to(sinks: Sequence[Sink], kind: str, payload: Any) -> None:
+    """Hand one item ("metrics" or "spans") to each of ``sinks`` that takes it; the sinks of one
+    carrier (the trackers in the bridge process) get it as one message for all of them."""
+    carried: dict[int, tuple[Carrier, list[str]]] = {}
+    for sink in sinks:
+        if not sink.takes(kind):
+            continue
+        if sink.carrier is None:
+            sink._submit(kind, payload)
+        else:
+            carried.setdefault(id(sink.carrier), (sink.carrier, []))[1].append(sink.name)
+    for carrier, names in carried.values():
+        carrier.submit(names, kind, payload)
+
+
+def _takes_step_records(exporter: Any) -> bool:
+    """Our step exporters take a log() call's record as it is (no OTel round trip): known once,
+    when the exporter is set, not probed at every export."""
+    return callable(getattr(exporter, "export_records", None))
 
 
 def flush_sinks(sinks: Sequence[Sink], deadline: float) -> bool:
@@ -282,15 +319,13 @@ class SinkSpanProcessor(SpanProcessor):
     """Hands each ended span to every sink that takes spans."""
 
     def __init__(self, sinks: Sequence[Sink]) -> None:
-        self._sinks = [sink for sink in sinks if sink.spans is not None]
+        self._sinks = [sink for sink in sinks if sink.takes("spans")]
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
-        batch = (span,)
-        for sink in self._sinks:
-            sink.export_spans(batch)
+        export_to(self._sinks, "spans", (span,))
 
     def shutdown(self) -> None:
         return None
@@ -303,7 +338,7 @@ class SinkLogProcessor(LogRecordProcessor):
     """Hands each emitted log record (generations, tables) to every sink that takes logs."""
 
     def __init__(self, sinks: Sequence[Sink]) -> None:
-        self._sinks = [sink for sink in sinks if sink.logs is not None]
+        self._sinks = [sink for sink in sinks if sink.takes("logs")]
 
     def on_emit(self, log_record: ReadWriteLogRecord) -> None:
         readable = ReadableLogRecord(

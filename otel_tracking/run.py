@@ -38,7 +38,15 @@ from otel_tracking import __version__
 from otel_tracking.delivery import Spool
 from otel_tracking.ids import ID_GENERATOR
 from otel_tracking.otel_compat import LoggerProvider
-from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks, flush_sinks
+from otel_tracking.pipeline import (
+    PeriodicExport,
+    Sink,
+    SinkLogProcessor,
+    SinkSpanProcessor,
+    export_to,
+    finish_sinks,
+    flush_sinks,
+)
 from otel_tracking.propagation import extract_env, has_span, step_from, with_identity
 from otel_tracking.redact import is_secret_key, redact, redact_attributes, scrub_strings
 from otel_tracking.resume import RunRecord, record_name
@@ -288,9 +296,7 @@ class Run:
             # One compact StepBatch for every sink: step exporters take its record directly, any
             # other metric exporter gets the MetricsData built from it (in its worker, if queued).
             order = tuple(data) if scalars and others else None  # the file sink writes the caller's order
-            batch = StepBatch(self.resource, step, scalars, others, now, order)
-            for sink in targets:
-                sink.export_metrics(batch)
+            export_to(targets, "metrics", StepBatch(self.resource, step, scalars, others, now, order))
         if self._latest is not None:
             self._latest.update(step, scalars, now)
         self.last_step = step
