@@ -214,6 +214,17 @@ class Ledger:
     queued: int = 0
     in_flight: int = 0
 
+    def settled(self, outcome: str, n: int) -> None:
+        """``n`` items reached their end: "delivered", "spooled" or "dropped"."""
+        if outcome == "delivered":
+            self.delivered += n
+        elif outcome == "spooled":
+            self.spooled += n
+        elif outcome == "dropped":
+            self.dropped += n
+        else:
+            raise ValueError(f"not an outcome: {outcome!r}")
+
     def balanced(self) -> bool:
         return self.handed == self.delivered + self.in_flight + self.queued + self.spooled + self.dropped
 
@@ -263,7 +274,7 @@ class Worker:
 
     def _count(self, field: str, n: int) -> None:
         if field in ("delivered", "spooled", "dropped"):
-            setattr(self.ledger, field, getattr(self.ledger, field) + n)
+            self.ledger.settled(field, n)
         self._sink_count(field, n)
 
     def snapshot(self) -> Ledger:

@@ -46,6 +46,22 @@ class SinkStats:
     spooled: int = 0  # kept on disk for ``otel-tracking replay``
     dropped: int = 0  # lost: queue full with no spool, or the spool itself failed
 
+    def add(self, field: str, n: int) -> None:
+        """``n`` more of ``field``: an item's outcome ("delivered", "spooled", "dropped") or an
+        export attempt ("failed", "retried")."""
+        if field == "delivered":
+            self.delivered += n
+        elif field == "failed":
+            self.failed += n
+        elif field == "retried":
+            self.retried += n
+        elif field == "spooled":
+            self.spooled += n
+        elif field == "dropped":
+            self.dropped += n
+        else:
+            raise ValueError(f"not a count: {field!r}")
+
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
@@ -151,7 +167,7 @@ class Sink:
 
     def count(self, field: str, n: int) -> None:
         with self._lock:
-            setattr(self.stats, field, getattr(self.stats, field) + n)
+            self.stats.add(field, n)
 
     def deliver(self, kind: str, payload: Any) -> bool:
         """One guarded export call; True when the backend took it (the caller counts it delivered:
