@@ -6,18 +6,23 @@ the training loop makes hands the GIL to them for up to a switch interval).  In 
 costs ``log()`` tens of milliseconds at the 99th percentile with every local backend on; from a
 child process it costs nothing but handing the step over.
 
-    training process                                    bridge process (nice +10)
-    log() -> RemoteSink --> [link queue] --link thread--pipe--> Sink (worker, retry, spool) -> wandb
-             RemoteSink --'   one message per log() call     '-> Sink (worker, retry, spool) -> MLflow
+    training process                                      bridge process (nice +10)
+    log() -> RemoteSink --> Worker [queue] -> pipe export --pipe--> Sink (worker, retry, spool) -> wandb
+             RemoteSink --'  one message per log() call  [window]   '-> Sink (worker, retry, spool) -> MLflow
 
 The training process sends each log() call once (to all the bridges it is for), spans and log
 records as the spool encodes them; the child hands them to ordinary :class:`Sink` objects, so
-retry, degraded state and spool work exactly as in one process.  A second pipe carries the
-child's answers back: acknowledgements (this item is delivered or spooled, for this sink) and the
-replies to ``flush()`` and ``finish()`` (the child's per-sink counts).  Until its acknowledgement
-the training process keeps each item; if the child dies, every unacknowledged item, and what
-comes after, is spooled by the training process (``<sink>.link.jsonl``, replayed like any spool):
-at least once, never lost (an item delivered in the last ~50 ms before a crash may arrive twice).
+retry, degraded state and spool work exactly as in one process.  On this side the link is an
+exporter behind the same :class:`~otel_tracking.delivery.Worker` every sink has (its bounded
+queue, flush, stop while it makes progress, ledger, set-aside); its export writes a message to
+the pipe (without blocking beyond a deadline, ``wire.write_frame``) and leaves it in the
+acknowledgement window, and completes asynchronously: a second pipe carries the child's answers
+back, acknowledgements (this item is delivered, spooled or dropped, for this sink: counted so at
+once) and the replies to ``flush()`` and ``finish()``.  If the child dies, the window, and what
+comes after, is set aside for each bridge a message was still pending for (``<sink>.link.jsonl``,
+replayed like any spool): at least once, never lost (an item delivered in the last ~50 ms before a
+crash may arrive twice), counted once.  This module keeps only what is the link's own: spawning
+the child, the start window, and the acknowledgement window.
 The child ignores SIGINT and SIGTERM (the training process finishes the run and then tells it to
 finish) and finishes on its own when the training process is gone.
 
@@ -26,8 +31,10 @@ client waits 120 s a request).  So the child opens each bridge on a thread of it
 each outcome as it comes; ``Tracking()`` waits ``OTEL_TRACKING_START_TIMEOUT`` for them.  A bridge
 that fails by then raises there, as in one process; one still opening goes on in the background,
 its items waiting in its queue in the child (acknowledged only once delivered or spooled): it
-delivers them in order once it opens, or spools them, with a warning, if it fails.  A watchdog
-thread ends the child once the training process is gone, whatever the child is doing.
+delivers them in order once it opens, or spools them, with a warning, if it fails.  A child that
+dies within the window (killed, a tracker SDK crashing at its import) is one warning: training goes
+on and every item for its bridges is spooled here.  A watchdog thread ends the child once the
+training process is gone, whatever the child is doing.
 
 This module is the training process's side (the link); the child is ``bridge_child.py`` and the
 messages between them are listed in ``wire.py``.
@@ -54,7 +61,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from otel_tracking.delivery import Policy, Spool, item_count, set_aside, wait_handled
+from otel_tracking.delivery import Ledger, Policy, Spool, Worker, item_count, set_aside
 from otel_tracking.pipeline import Sink
 from otel_tracking.redact import redact_config, scrub_text
 from otel_tracking.registry import bridge_inputs
@@ -78,19 +85,22 @@ from otel_tracking.wire import (
 
 logger = logging.getLogger("otel_tracking")
 
-_STOP = object()
+_LINK = "message"  # the link's worker carries one kind of item: a _Message (counted one each)
 
 
 class _Message:
     """One payload on its way to some of the child's sinks: a log() call goes out once, however
-    many bridges it is for."""
+    many bridges it is for.  Once on the pipe it has a ``seq`` and the names of the sinks that have
+    not acknowledged it yet (``pending``, under the link's acknowledgement lock)."""
 
-    __slots__ = ("kind", "names", "payload")
+    __slots__ = ("kind", "names", "payload", "pending", "seq")
 
     def __init__(self, kind: str, payload: Any, names: Sequence[str]) -> None:
         self.kind = kind
         self.payload = payload
         self.names = tuple(names)
+        self.seq: int | None = None
+        self.pending: set[str] | None = None  # None: not on the pipe yet
 
 
 class BridgeProcess:
@@ -99,13 +109,17 @@ class BridgeProcess:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.sinks: dict[str, RemoteSink] = {}
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=settings.delivery.queue_size)
+        # The link is an exporter behind a delivery.Worker, the engine every sink has (bounded
+        # queue, flush, stop while it makes progress, ledger): its export writes a message to the
+        # pipe; what is written waits in the acknowledgement window (_unacked) until the child says
+        # each of its sinks is done with it, and goes to the spool if the child dies first.
+        self._worker: Worker | None = None  # started once the start window has closed
         self._ack_lock = threading.Lock()  # guards what is unacknowledged, and _dead
         self._gone_lock = threading.Lock()  # held while a dead child's unacknowledged items are spooled
         self._send_lock = threading.Lock()  # one writer on the pipe (it may block: never under _lock)
         self._seq = 0
         self._requests = 0  # flush() requests sent, to match each answer to its own
-        self._unacked: dict[int, tuple[_Message, set[str]]] = {}  # sent, not yet done for these sinks
+        self._unacked: dict[int, _Message] = {}  # the window: on the pipe, not yet done for some sinks
         self._replies: queue.Queue[Any] = queue.Queue()
         self._dead = False
         self._finished = False
@@ -148,7 +162,6 @@ class BridgeProcess:
         # beyond its own deadline.
         os.set_blocking(self._to_child_w, False)
         self._from_child = Connection(self._from_child_r, writable=False)
-        self._thread: threading.Thread | None = None
         self._reader: threading.Thread | None = None
 
     # --- start -----------------------------------------------------------------------------------
@@ -196,8 +209,8 @@ class BridgeProcess:
                 settings.start_timeout_s,
                 "It opens" if len(still_opening) == 1 else "They open",
             )
-        self._thread = threading.Thread(target=self._send_loop, name="otel-tracking-bridges", daemon=True)
-        self._thread.start()
+        policy = Policy(queue_size=settings.delivery.queue_size, max_attempts=1, probe_interval_s=0.0)
+        self._worker = Worker("bridge-link", self._hand_over, lambda field, n: None, None, policy, set_aside=self._keep)
         return [self.sinks[name] for name in names]
 
     def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, Opened | Failed], bool]:
@@ -248,44 +261,47 @@ class BridgeProcess:
 
     def submit(self, names: Sequence[str], kind: str, payload: Any) -> None:
         """Hand one item to the named bridges (pipeline.export_to gathers them); never blocks."""
-        message = _Message(kind, payload, names)
+        assert self._worker is not None, "the remote sinks exist once open() has started the link"
+        self._worker.submit(_LINK, _Message(kind, payload, names))
+
+    def wait_handed(self, timeout_s: float) -> bool:
+        """Wait until every item so far is on the pipe (or spooled); False on timeout."""
+        return self._worker is None or self._worker.flush(timeout_s)
+
+    def ledger(self) -> Ledger:
+        """The link's per-instant ledger, in messages (one per item, for all its bridges):
+        ``delivered`` is "on the pipe", awaiting acknowledgement or acknowledged."""
+        return self._worker.snapshot() if self._worker is not None else Ledger()
+
+    # --- the link's export: onto the pipe, into the window ----------------------------------------
+
+    def _hand_over(self, kind: str, message: _Message) -> bool:
+        """Write one message to the pipe, kept in the window until acknowledged; False (the
+        worker sets it aside) when the child is gone."""
+        with self._ack_lock:
+            if self._dead:
+                return False
+            self._seq += 1
+            message.seq, message.pending = self._seq, set(message.names)
+            self._unacked[message.seq] = message  # registered before its acknowledgement can come
         try:
-            self._queue.put_nowait(message)
-        except queue.Full:
-            self._set_aside(message)
+            self._send(encode_item(message.kind, message.seq, message.names, message.payload))
+        except (OSError, EOFError):  # gone, or stopped by finish(): its window, this one in it, is spooled
+            self._child_gone()
+            return False
+        return True
 
-    # --- the link thread -------------------------------------------------------------------------
-
-    def _send_loop(self) -> None:
-        while True:
-            message = self._queue.get()
-            try:
-                if message is _STOP:
-                    return
-                with self._ack_lock:
-                    dead = self._dead
-                    if not dead:  # kept until acknowledged: registered before it can arrive
-                        self._seq += 1
-                        seq = self._seq
-                        self._unacked[seq] = (message, set(message.names))
-                if dead:
-                    self._set_aside(message)
-                    continue
-                try:
-                    self._send(encode_item(message.kind, seq, message.names, message.payload))
-                except (OSError, EOFError):
-                    self._child_gone()
-                except Exception:
-                    logger.exception("otel-tracking: could not hand %s to the bridge process", message.kind)
-                    with self._ack_lock:
-                        self._unacked.pop(seq, None)
-                    self._set_aside(message)
-            finally:
-                self._queue.task_done()
-
-    def _set_aside(self, message: _Message, names: Sequence[str] | None = None) -> None:
-        for name in message.names if names is None else names:
-            self.sinks[name].spool_item(message.kind, message.payload)
+    def _keep(self, kind: str, message: _Message) -> str:
+        """Spool a message for each bridge still waiting for it (every one, if it never reached the
+        pipe); whoever comes first (the link's worker giving it up, the child's death) spools it,
+        and only once.  Its outcome for the worker's ledger."""
+        with self._ack_lock:
+            names = message.names if message.pending is None else tuple(sorted(message.pending))
+            message.pending = set()
+            if message.seq is not None:
+                self._unacked.pop(message.seq, None)
+        outcomes = {self.sinks[name].spool_item(message.kind, message.payload) for name in names}
+        return "dropped" if "dropped" in outcomes else "spooled"
 
     # --- the reader thread: acknowledgements and replies -----------------------------------------
 
@@ -321,13 +337,13 @@ class BridgeProcess:
         with self._ack_lock:
             self._last_ack = time.monotonic()
             for seq, name, outcome in acks:
-                entry = self._unacked.get(seq)
-                if entry is None or name not in entry[1]:
+                message = self._unacked.get(seq)
+                if message is None or message.pending is None or name not in message.pending:
                     continue
-                entry[1].discard(name)
-                if not entry[1]:
+                message.pending.discard(name)
+                if not message.pending:
                     del self._unacked[seq]
-                counted.append((name, outcome, item_count(entry[0].kind, entry[0].payload)))
+                counted.append((name, outcome, item_count(message.kind, message.payload)))
         for name, outcome, n in counted:
             self.sinks[name].count(outcome, n)
 
@@ -363,8 +379,8 @@ class BridgeProcess:
                     self.process.poll(),
                     len(pending),
                 )
-            for message, names in pending:
-                self._set_aside(message, sorted(names))
+            for message in pending:
+                self._keep(_LINK, message)
 
     def _send(self, message: Any, timeout_s: float | None = None) -> None:
         """One message on the pipe.  With ``timeout_s``, a child that does not read makes this raise
@@ -437,7 +453,7 @@ class BridgeProcess:
 
     def flush(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
-        if not wait_handled(self._queue, timeout_s):
+        if not self.wait_handed(timeout_s):
             return False
         self._requests += 1  # numbered: a late answer to an earlier flush() never answers this one
         request = self._requests
@@ -452,12 +468,8 @@ class BridgeProcess:
         if self._finished:
             return
         self._finished = True
-        deadline = time.monotonic() + timeout_s
-        wait_handled(self._queue, timeout_s)
-        self._stop_link()  # past the deadline, what is still queued is spooled below
-        if self._thread is not None:
-            self._thread.join(max(0.1, deadline - time.monotonic()))
-        self._drain_to_spool()  # what the link thread did not take (it may be stuck writing)
+        if self._worker is not None:  # onto the pipe while the child takes it; what it does not take is spooled
+            self._worker.stop(timeout_s)
         finished: Finished | None = self._request(
             Finish(exit_code, timeout_s), Finished, timeout_s + GRACE_S, while_acked=True
         )
@@ -479,27 +491,6 @@ class BridgeProcess:
         self._child_gone()  # (if it could not)
         for sink in self.sinks.values():  # no bridge ended its backend's run: replay will
             sink.spool_end(exit_code)
-
-    def _stop_link(self) -> None:
-        """Tell the link thread to end without ever blocking: a link stuck writing to a child that
-        does not read leaves the queue full, and what is in it goes to the spool instead."""
-        while True:
-            try:
-                self._queue.put_nowait(_STOP)
-                return
-            except queue.Full:
-                self._drain_to_spool()
-
-    def _drain_to_spool(self) -> None:
-        """Everything still in the link's queue goes to the spool."""
-        while True:
-            try:
-                message = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if message is not _STOP:
-                self._set_aside(message)
-            self._queue.task_done()
 
     def child_stats(self, name: str) -> dict[str, int]:
         return self._stats.get(name, {})
@@ -581,8 +572,8 @@ class RemoteSink(Sink):
             self.link.settings.spool_dir,
         )
 
-    def spool_item(self, kind: str, payload: Any) -> None:
-        set_aside(self.name, self._spool, kind, payload, self.count)
+    def spool_item(self, kind: str, payload: Any) -> str:
+        return set_aside(self.name, self._spool, kind, payload, self.count)
 
     def spool_end(self, exit_code: int) -> None:
         """The run ended and this bridge could not end the backend's run: the last spool record

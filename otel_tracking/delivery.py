@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import os
-import queue
 import threading
 import time
 import zlib
@@ -169,16 +168,6 @@ def unframe(line: bytes) -> dict[str, Any] | str:
     return entry if isinstance(entry, dict) else "not a record"
 
 
-def wait_handled(items: queue.Queue[Any], timeout_s: float) -> bool:
-    """Wait until every item put in ``items`` so far was marked done; False on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while items.unfinished_tasks:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 def item_count(kind: str, payload: Any) -> int:
     """Items in one payload, as the counts see them: a log() call is one, spans and log records
     one each."""
@@ -234,7 +223,8 @@ class Worker:
     export call; ``count(field, n)`` updates the sink's stats; ``done(token, outcome)``, when given,
     hears of every submitted item that reached its end (``outcome``: "delivered", "spooled" or
     "dropped"), by the token it was submitted with.  ``held``: the backend is still opening (see
-    :meth:`release`).
+    :meth:`release`).  ``set_aside(kind, payload) -> outcome``, when given, keeps what cannot be
+    delivered instead of ``spool`` (the bridge link spools an item for each bridge it is for).
 
     Every move of an item (handed, queued, taken, delivered, spooled, dropped) happens under one
     condition lock together with its count in :attr:`ledger`; exports and retry waits happen
@@ -249,9 +239,11 @@ class Worker:
         policy: Policy | None = None,
         done: Callable[[Any, str], None] | None = None,
         held: bool = False,
+        set_aside: Callable[[str, Any], str] | None = None,
     ) -> None:
         self.name = name
         self._deliver = deliver
+        self._keep = set_aside
         self._sink_count = count
         self._done = done
         self.spool = spool
@@ -425,7 +417,11 @@ class Worker:
         return self._settle(kind, payload, delivered=False)
 
     def _set_aside(self, kind: str, payload: Any) -> str:
-        return set_aside(self.name, self.spool, kind, payload, self._count)
+        if self._keep is None:
+            return set_aside(self.name, self.spool, kind, payload, self._count)
+        outcome = self._keep(kind, payload)
+        self._count(outcome, item_count(kind, payload))
+        return outcome
 
     # --- the end ---------------------------------------------------------------------------------
 

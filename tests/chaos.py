@@ -41,7 +41,6 @@ TRAINING = textwrap.dedent(
     """
     import sys, time
     from otel_tracking import Tracking, trace_state
-    from otel_tracking.delivery import wait_handled
 
     t = Tracking("chaos", "run", default_backend=["file", "mlflow", "tensorboard"])
     link = t.logger["mlflow"].link
@@ -51,7 +50,7 @@ TRAINING = textwrap.dedent(
             t.log({"loss": 1.0 / (step + 1), "x": float(step)}, step)
         # "handed": the step left this process (written to the pipe). A SIGKILL loses what is still
         # in its memory, so the check holds the trackers to the steps handed over before the kill.
-        assert wait_handled(link._queue, 60)
+        assert link.wait_handed(60)
         print("logged", step, flush=True)
         time.sleep(0.01)
     t.finish()

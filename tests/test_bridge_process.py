@@ -117,12 +117,10 @@ KILLED = textwrap.dedent(
     import os, sys, time
     from otel_tracking import Tracking
 
-    from otel_tracking.delivery import wait_handled
-
     t = Tracking("proj", "exp", default_backend=["file", "mlflow"])
     for step in range(20):
         t.log({"loss": 1.0 / (step + 1)}, step)
-    assert wait_handled(t.logger["mlflow"].link._queue, 60)  # every step handed to the pipe
+    assert t.logger["mlflow"].link.wait_handed(60)  # every step handed to the pipe
     print("child", t.logger["mlflow"].link.process.pid, flush=True)
     time.sleep(600)
     """
@@ -188,7 +186,7 @@ def test_bridge_process_killed_with_a_backlog_loses_nothing(isolated: Path, monk
     for step in range(300):
         tracking.log({key: step + i / 100 for i, key in enumerate(keys)}, step)
     link = tracking.logger["mlflow"].link
-    wait_for(lambda: link._queue.unfinished_tasks == 0, what="the link to hand every step over")
+    assert link.wait_handed(60)  # the link handed every step over
     backlog = len(link._unacked)
     assert backlog > 0  # MLflow takes tens of ms a step: the child holds a backlog now
     link.process.kill()

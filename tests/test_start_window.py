@@ -377,7 +377,7 @@ def test_the_bridge_process_killed_while_a_tracker_opens_loses_nothing(
         for step in range(50):
             tracking.log({"loss": _loss(step), "step_sq": step * step}, step)
         link = tracking.logger["mlflow"].link
-        wait_for(lambda: link._queue.unfinished_tasks == 0, what="the link to hand every step over")
+        assert link.wait_handed(60)  # the link handed every step over
         link.process.kill()
         link.process.wait()
         stats = tracking.finish()
@@ -476,8 +476,7 @@ ORPHANED = textwrap.dedent(
         t.log({"loss": 1.0 / (step + 1)}, step)
     # handed to the pipe before the kill (under load the link thread lags; what it still held would
     # die with this process, as it must: this test is about what the bridge process was handed)
-    from otel_tracking.delivery import wait_handled
-    assert wait_handled(t.logger["mlflow"].link._queue, 60)
+    assert t.logger["mlflow"].link.wait_handed(60)
     holder = os.fork()  # like a data loader worker: it holds the pipe to the bridge process open
     if holder == 0:
         time.sleep(600)
