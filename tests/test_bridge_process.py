@@ -15,7 +15,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -25,6 +27,8 @@ from tests import readers_mlflow as mlflow_reader
 from tests.otlp_receiver import wait_for
 from tests.servers import live_children, process_gone
 from tests.test_backend_tensorboard import read_events
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -372,20 +376,20 @@ def test_a_request_into_a_full_pipe_to_a_child_that_stopped_reading_is_bounded(
                 os.write(fd, bytes(4096))
         os.set_blocking(fd, blocking)  # as the link left it
 
-        def within(cap_s: float, call: object) -> list[object]:
-            result: list[object] = []
-            thread = threading.Thread(target=lambda: result.append(call()), daemon=True)  # type: ignore[operator]
+        def within(cap_s: float, call: Callable[[], T]) -> T:
+            result: list[T] = []
+            thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
             thread.start()
             thread.join(cap_s)
             assert result, f"blocked for {cap_s} s writing to the full pipe"
-            return result
+            return result[0]
 
-        assert within(120, lambda: tracking.flush(timeout_s=1)) == [False]
-        (stats,) = within(120, tracking.finish)
+        assert within(120, lambda: tracking.flush(timeout_s=1)) is False
+        stats = within(120, tracking.finish)
     finally:
         with contextlib.suppress(ProcessLookupError):
             link.process.send_signal(signal.SIGKILL)
-    assert stats["tensorboard"]["delivered"] == 5 and stats["tensorboard"]["dropped"] == 0, stats  # type: ignore[index]
+    assert stats["tensorboard"]["delivered"] == 5 and stats["tensorboard"]["dropped"] == 0, stats
     wait_for(lambda: link.process.poll() is not None, timeout_s=60, what="the stuck bridge process stopped")
     scalars, _, _ = read_events(isolated / "tb")
     assert scalars["loss"] == [(s, pytest.approx(_loss(s))) for s in range(5)]
