@@ -137,13 +137,16 @@ def run_once(seed: int, root: Path, victim: str | None = None) -> dict[str, Any]
         time.sleep(0.3)  # the fault's timing: the bridge process is starting, no tracker is open
         for pid in children:
             os.kill(pid, signal.SIGKILL)
+    read = []
     for line in process.stdout:
+        read.append(line)
         if line.startswith("bridge "):
             bridge = int(line.split()[1])
         elif line.startswith("logged ") and int(line.split()[1]) >= kill_after and victim in AT_A_STEP:
             os.kill(process.pid if victim == "training" else bridge, signal.SIGKILL)
             break
     out, err = process.communicate(timeout=300)
+    out = "".join(read) + out
     if victim != "training":  # training goes on without its bridge process, and finishes
         assert process.returncode == 0 and "finished" in out, err
     if victim in AT_THE_START:
