@@ -23,7 +23,20 @@ from typing import Any
 
 from otel_tracking.pipeline import Sink, finish_sinks, flush_sinks
 from otel_tracking.settings import Settings
-from otel_tracking.wire import GRACE_S, ITEM_KINDS, decode_item
+from otel_tracking.wire import (
+    GRACE_S,
+    Acks,
+    BridgeInfo,
+    Failed,
+    Finish,
+    Finished,
+    Flush,
+    Flushed,
+    Item,
+    Open,
+    Opened,
+    decode_item,
+)
 
 _ACK_INTERVAL_S = 0.05
 _TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not
@@ -47,11 +60,12 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
         os.nice(_NICE)
     replies = _Outbox(outbox)
     try:
-        _, settings, config, inputs, names, argv = pickle.loads(inbox.recv_bytes())
+        opening: Open = pickle.loads(inbox.recv_bytes())
     except (OSError, EOFError):
         return 1  # the training process died before it asked for anything
-    sys.argv = argv
-    watchdog = _Watchdog(parent, settings.finish_timeout_s + GRACE_S)
+    settings, config, inputs, names = opening.settings, opening.config, opening.inputs, opening.names
+    sys.argv = opening.argv
+    watchdog = _Watchdog(parent, settings.finish_timeout_s + GRACE_S, replies)
     # Each sink's queue exists before its bridge opens: what arrives meanwhile waits there.
     sinks = {name: Sink(name, named_events_only=True) for name in names}
     for sink in sinks.values():
@@ -68,15 +82,15 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     finish = _feed(inbox, sinks, build_resource(settings), replies, watchdog)
     if finish is not None:  # the training process asked: every backend is finished
         exit_code, timeout_s = finish
-        finish_sinks(list(sinks.values()), exit_code, time.monotonic() + timeout_s)
-        replies.send(("finished", {name: sink.stats.as_dict() for name, sink in sinks.items()}))
+        finish_sinks(list(sinks.values()), exit_code, timeout_s)
+        replies.send(Finished({name: sink.stats.as_dict() for name, sink in sinks.items()}))
         _exit_after(_TEARDOWN_S)
         return 0
     # The training process ended without finishing the run: deliver what it handed over, as a
     # crash.  Nobody waits for a tracker still opening: what waits for it is spooled.
     for sink in sinks.values():
         sink.give_up()
-    finish_sinks(list(sinks.values()), 1, time.monotonic() + settings.finish_timeout_s)
+    finish_sinks(list(sinks.values()), 1, settings.finish_timeout_s)
     _exit_after(_CRASH_TEARDOWN_S)
     return 1
 
@@ -93,21 +107,15 @@ def _open_bridge(sink: Sink, settings: Settings, config: Any, inputs: dict[str, 
     except BaseException as error:  # the top of this thread: every error is the bridge's outcome
         sink.give_up()
         kind = type(error)
-        replies.tell(("failed", sink.name, kind.__name__, str(error), kind.__module__, kind.__qualname__))
+        replies.tell(Failed(sink.name, kind.__name__, str(error), kind.__module__, kind.__qualname__))
         return
     if not sink.attach(parts):  # the run finished while this one was opening: end it, as failed
         if parts.finish is not None:
             with contextlib.suppress(Exception):
                 parts.finish(1)
         return
-    info = {
-        "metrics": sink.metrics is not None,
-        "spans": sink.spans is not None,
-        "logs": sink.logs is not None,
-        "where": sink.where,
-        "resume": sink.resume,
-    }
-    replies.tell(("opened", sink.name, info))
+    info = BridgeInfo(sink.metrics is not None, sink.spans is not None, sink.logs is not None, sink.where, sink.resume)
+    replies.tell(Opened(sink.name, info))
 
 
 def _feed(
@@ -124,30 +132,32 @@ def _feed(
             message = pickle.loads(inbox.recv_bytes())
         except (OSError, EOFError):
             return None
-        kind = message[0]
-        if kind in ITEM_KINDS:
-            kind, seq, targets, payload = decode_item(message, resource)
-            for name in targets:  # the training process already chose the sinks (and events) for it
-                worker = sinks[name].worker
-                assert worker is not None
-                worker.submit(kind, payload, token=(seq, name))
-        elif kind == "flush":
-            deadline = time.monotonic() + message[1]
-            replies.send(("flushed", flush_sinks(list(sinks.values()), deadline), message[2]))
-        elif kind == "finish":
-            return message[1], message[2]
+        match message:
+            case Item():
+                payload = decode_item(message, resource)
+                for name in message.names:  # the training process already chose the sinks (and events)
+                    worker = sinks[name].worker
+                    assert worker is not None
+                    worker.submit(message.kind, payload, token=(message.seq, name))
+            case Flush():
+                deadline = time.monotonic() + message.timeout_s
+                replies.send(Flushed(flush_sinks(list(sinks.values()), deadline), message.request))
+            case Finish():
+                return message.exit_code, message.stall_s
 
 
 class _Watchdog:
     """Ends the bridge process once the training process is gone, whatever the child is doing (a
     tracker's open stuck on a hung server, a backend that hangs while its run ends): it sets
-    ``parent_gone``, on which the main loop takes the crash path, and exits the process
-    ``grace_s`` later if that has not ended it.  Polling ``getppid()`` sees the death even when
-    a forked process of the training job still holds the pipe open."""
+    ``parent_gone``, on which the main loop takes the crash path, and exits the process once
+    ``grace_s`` passed with no item done (the crash path delivering to a slow backend is waited
+    for, as ``finish()`` waits for it).  Polling ``getppid()`` sees the death even when a forked
+    process of the training job still holds the pipe open."""
 
-    def __init__(self, parent: int, grace_s: float) -> None:
+    def __init__(self, parent: int, grace_s: float, progress: _Outbox) -> None:
         self.parent = parent
         self.grace_s = grace_s
+        self.progress = progress
         self.parent_gone = threading.Event()
         threading.Thread(target=self._watch, name="otel-tracking-watchdog", daemon=True).start()
 
@@ -155,7 +165,9 @@ class _Watchdog:
         while os.getppid() == self.parent:
             time.sleep(_WATCH_INTERVAL_S)
         self.parent_gone.set()
-        time.sleep(self.grace_s)
+        gone_at = time.monotonic()
+        while time.monotonic() < max(gone_at, self.progress.last_done) + self.grace_s:
+            time.sleep(_WATCH_INTERVAL_S)
         _hard_exit(1)
 
 
@@ -166,11 +178,13 @@ class _Outbox:
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._lock = threading.Lock()
-        self._acks: list[tuple[int, str]] = []
+        self._acks: list[tuple[int, str, str]] = []
+        self.last_done = 0.0  # monotonic time a sink last reached the end of an item
 
-    def acknowledge(self, token: tuple[int, str]) -> None:
+    def acknowledge(self, token: tuple[int, str], outcome: str) -> None:
         with self._lock:
-            self._acks.append(token)
+            self._acks.append((*token, outcome))
+            self.last_done = time.monotonic()
 
     def send(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -186,7 +200,7 @@ class _Outbox:
     def _send_acks(self) -> None:
         if self._acks:
             acks, self._acks = self._acks, []
-            self._connection.send_bytes(pickle.dumps(("acks", acks), protocol=pickle.HIGHEST_PROTOCOL))
+            self._connection.send_bytes(pickle.dumps(Acks(acks), protocol=pickle.HIGHEST_PROTOCOL))
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="otel-tracking-acks", daemon=True).start()

@@ -6,18 +6,23 @@ the training loop makes hands the GIL to them for up to a switch interval).  In 
 costs ``log()`` tens of milliseconds at the 99th percentile with every local backend on; from a
 child process it costs nothing but handing the step over.
 
-    training process                                    bridge process (nice +10)
-    log() -> RemoteSink --> [link queue] --link thread--pipe--> Sink (worker, retry, spool) -> wandb
-             RemoteSink --'   one message per log() call     '-> Sink (worker, retry, spool) -> MLflow
+    training process                                      bridge process (nice +10)
+    log() -> RemoteSink --> Worker [queue] -> pipe export --pipe--> Sink (worker, retry, spool) -> wandb
+             RemoteSink --'  one message per log() call  [window]   '-> Sink (worker, retry, spool) -> MLflow
 
 The training process sends each log() call once (to all the bridges it is for), spans and log
 records as the spool encodes them; the child hands them to ordinary :class:`Sink` objects, so
-retry, degraded state and spool work exactly as in one process.  A second pipe carries the
-child's answers back: acknowledgements (this item is delivered or spooled, for this sink) and the
-replies to ``flush()`` and ``finish()`` (the child's per-sink counts).  Until its acknowledgement
-the training process keeps each item; if the child dies, every unacknowledged item, and what
-comes after, is spooled by the training process (``<sink>.link.jsonl``, replayed like any spool):
-at least once, never lost (an item delivered in the last ~50 ms before a crash may arrive twice).
+retry, degraded state and spool work exactly as in one process.  On this side the link is an
+exporter behind the same :class:`~otel_tracking.delivery.Worker` every sink has (its bounded
+queue, flush, stop while it makes progress, ledger, set-aside); its export writes a message to
+the pipe (without blocking beyond a deadline, ``wire.write_frame``) and leaves it in the
+acknowledgement window, and completes asynchronously: a second pipe carries the child's answers
+back, acknowledgements (this item is delivered, spooled or dropped, for this sink: counted so at
+once) and the replies to ``flush()`` and ``finish()``.  If the child dies, the window, and what
+comes after, is set aside for each bridge a message was still pending for (``<sink>.link.jsonl``,
+replayed like any spool): at least once, never lost (an item delivered in the last ~50 ms before a
+crash may arrive twice), counted once.  This module keeps only what is the link's own: spawning
+the child, the start window, and the acknowledgement window.
 The child ignores SIGINT and SIGTERM (the training process finishes the run and then tells it to
 finish) and finishes on its own when the training process is gone.
 
@@ -26,8 +31,10 @@ client waits 120 s a request).  So the child opens each bridge on a thread of it
 each outcome as it comes; ``Tracking()`` waits ``OTEL_TRACKING_START_TIMEOUT`` for them.  A bridge
 that fails by then raises there, as in one process; one still opening goes on in the background,
 its items waiting in its queue in the child (acknowledged only once delivered or spooled): it
-delivers them in order once it opens, or spools them, with a warning, if it fails.  A watchdog
-thread ends the child once the training process is gone, whatever the child is doing.
+delivers them in order once it opens, or spools them, with a warning, if it fails.  A child that
+dies within the window (killed, a tracker SDK crashing at its import) is one warning: training goes
+on and every item for its bridges is spooled here.  A watchdog thread ends the child once the
+training process is gone, whatever the child is doing.
 
 This module is the training process's side (the link); the child is ``bridge_child.py`` and the
 messages between them are listed in ``wire.py``.
@@ -54,37 +61,46 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from otel_tracking.delivery import Policy, Spool, set_aside, wait_handled
+from otel_tracking.delivery import Ledger, Policy, Spool, Worker, item_count, set_aside
 from otel_tracking.pipeline import Sink
 from otel_tracking.redact import redact_config, scrub_text
 from otel_tracking.registry import bridge_inputs
 from otel_tracking.settings import ConfigError, Settings
-from otel_tracking.wire import GRACE_S, encode_item
+from otel_tracking.wire import (
+    GRACE_S,
+    OPENING,
+    Acks,
+    BridgeInfo,
+    Failed,
+    Finish,
+    Finished,
+    Flush,
+    Flushed,
+    Open,
+    Opened,
+    Stuck,
+    encode_item,
+    write_frame,
+)
 
 logger = logging.getLogger("otel_tracking")
 
-_STOP = object()
-# What the training process assumes of a bridge still opening: it may take everything.
-_OPENING = {
-    "metrics": True,
-    "spans": True,
-    "logs": True,
-    "where": "opening in the otel-tracking bridge process",
-    "resume": None,
-}
+_LINK = "message"  # the link's worker carries one kind of item: a _Message (counted one each)
 
 
 class _Message:
     """One payload on its way to some of the child's sinks: a log() call goes out once, however
-    many bridges it is for (the sinks that get it add their names until the link thread takes it)."""
+    many bridges it is for.  Once on the pipe it has a ``seq`` and the names of the sinks that have
+    not acknowledged it yet (``pending``, under the link's acknowledgement lock)."""
 
-    __slots__ = ("kind", "names", "payload", "sealed")
+    __slots__ = ("kind", "names", "payload", "pending", "seq")
 
-    def __init__(self, kind: str, payload: Any, name: str) -> None:
+    def __init__(self, kind: str, payload: Any, names: Sequence[str]) -> None:
         self.kind = kind
         self.payload = payload
-        self.names = [name]
-        self.sealed = False
+        self.names = tuple(names)
+        self.seq: int | None = None
+        self.pending: set[str] | None = None  # None: not on the pipe yet
 
 
 class BridgeProcess:
@@ -93,23 +109,27 @@ class BridgeProcess:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.sinks: dict[str, RemoteSink] = {}
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=settings.delivery.queue_size)
-        self._lock = threading.Lock()  # guards the open message (the training thread takes it: keep it short)
+        # The link is an exporter behind a delivery.Worker, the engine every sink has (bounded
+        # queue, flush, stop while it makes progress, ledger): its export writes a message to the
+        # pipe; what is written waits in the acknowledgement window (_unacked) until the child says
+        # each of its sinks is done with it, and goes to the spool if the child dies first.
+        self._worker: Worker | None = None  # started once the start window has closed
         self._ack_lock = threading.Lock()  # guards what is unacknowledged, and _dead
         self._gone_lock = threading.Lock()  # held while a dead child's unacknowledged items are spooled
         self._send_lock = threading.Lock()  # one writer on the pipe (it may block: never under _lock)
-        self._last: _Message | None = None
         self._seq = 0
         self._requests = 0  # flush() requests sent, to match each answer to its own
-        self._unacked: dict[int, tuple[_Message, set[str]]] = {}  # sent, not yet done for these sinks
+        self._unacked: dict[int, _Message] = {}  # the window: on the pipe, not yet done for some sinks
         self._replies: queue.Queue[Any] = queue.Queue()
         self._dead = False
         self._finished = False
         self._finished_ok = False  # the child answered "finished": its exit is not a death
+        self._write_closed = False  # the pipe to the child is closing: a writer waiting for room gives up
+        self._last_ack = 0.0  # monotonic time of the child's last acknowledgement: finish() waits while they come
         self._stats: dict[str, dict[str, int]] = {}
         # The start window: the child's "opened"/"failed" outcomes, until open() stops waiting.
         self._opening = threading.Condition()
-        self._outcomes: dict[str, tuple[Any, ...]] = {}
+        self._outcomes: dict[str, Opened | Failed] = {}
         self._window_open = True
         self._gone_early = False  # the child exited while open() was waiting
         to_child_r, self._to_child_w = os.pipe()
@@ -138,9 +158,10 @@ class BridgeProcess:
         )
         os.close(to_child_r)
         os.close(from_child_w)
-        self._to_child = Connection(self._to_child_w, readable=False)
+        # Written without blocking (wire.write_frame): no write waits on a child that stopped reading
+        # beyond its own deadline.
+        os.set_blocking(self._to_child_w, False)
         self._from_child = Connection(self._from_child_r, writable=False)
-        self._thread: threading.Thread | None = None
         self._reader: threading.Thread | None = None
 
     # --- start -----------------------------------------------------------------------------------
@@ -154,29 +175,31 @@ class BridgeProcess:
         # sys.argv too: trackers record the training script (MLflow's source tags).
         # The config redacted, with what the bridges use as is (wandb's proxy) beside it; argv
         # scrubbed (trackers record it; Hydra overrides can carry a token).
-        opening = (
-            "open",
+        opening = Open(
             settings,
             _picklable(redact_config(config)),
             bridge_inputs(config),
             list(names),
             [scrub_text(arg) for arg in sys.argv],
         )
-        self._send(opening)
+        deadline = time.monotonic() + settings.start_timeout_s
+        try:
+            self._send(opening, max(settings.start_timeout_s, GRACE_S))
+        except Stuck:  # it reads nothing: it is as good as gone
+            self.process.kill()
+        except OSError:  # it died before it read anything
+            pass
         self._reader = threading.Thread(target=self._read_loop, name="otel-tracking-bridges-acks", daemon=True)
         self._reader.start()
-        outcomes, gone = self._wait_for_outcomes(names, time.monotonic() + settings.start_timeout_s)
-        if gone:
-            self._reap(timeout_s=5.0)
-            raise RuntimeError(
-                f"the otel-tracking bridge process exited (code {self.process.returncode}) before it "
-                "opened the backends; its error is above"
-            )
-        failed = [outcomes[name] for name in names if outcomes.get(name, ("",))[0] == "failed"]
+        outcomes, gone = self._wait_for_outcomes(names, deadline)
+        failed = [outcome for name in names if isinstance(outcome := outcomes.get(name), Failed)]
         if failed:
             self._abort()
-            raise _error_from(*failed[0][2:6])
+            raise _error_from(failed[0])
         still_opening = [name for name in names if name not in outcomes]
+        if gone:
+            self._gone_while_opening(names)
+            still_opening = []
         if still_opening:
             logger.warning(
                 "otel-tracking: %s still opening after %g s (OTEL_TRACKING_START_TIMEOUT); training goes on. "
@@ -186,11 +209,11 @@ class BridgeProcess:
                 settings.start_timeout_s,
                 "It opens" if len(still_opening) == 1 else "They open",
             )
-        self._thread = threading.Thread(target=self._send_loop, name="otel-tracking-bridges", daemon=True)
-        self._thread.start()
+        policy = Policy(queue_size=settings.delivery.queue_size, max_attempts=1, probe_interval_s=0.0)
+        self._worker = Worker("bridge-link", self._hand_over, lambda field, n: None, None, policy, set_aside=self._keep)
         return [self.sinks[name] for name in names]
 
-    def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, tuple[Any, ...]], bool]:
+    def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, Opened | Failed], bool]:
         """Wait until every bridge opened, one failed, the child is gone, or ``deadline``; then close
         the window: every bridge gets its remote sink now, and later outcomes are the reader's to
         handle.  (outcomes within the window, whether the child is gone)."""
@@ -198,7 +221,7 @@ class BridgeProcess:
             while not (
                 self._gone_early
                 or len(self._outcomes) == len(names)
-                or any(outcome[0] == "failed" for outcome in self._outcomes.values())
+                or any(isinstance(outcome, Failed) for outcome in self._outcomes.values())
             ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -208,66 +231,77 @@ class BridgeProcess:
             outcomes = dict(self._outcomes)
             for name in names:
                 outcome = outcomes.get(name)
-                info = outcome[2] if outcome is not None and outcome[0] == "opened" else _OPENING
+                info = outcome.info if isinstance(outcome, Opened) else OPENING
                 self.sinks[name] = RemoteSink(self, name, info)
             return outcomes, self._gone_early
 
+    def _gone_while_opening(self, names: Sequence[str]) -> None:
+        """The child died before the trackers opened (killed, or a tracker's SDK crashed in native
+        code at its import): training goes on, and what is logged for them is spooled by this
+        process, for ``otel-tracking replay``, which opens them then."""
+        self._reap(timeout_s=5.0)
+        self._child_gone(warn=False)
+        logger.warning(
+            "otel-tracking: the bridge process exited (code %s) while it opened %s; training goes on, and "
+            "what is logged for %s is spooled: deliver it with `otel-tracking replay %s`",
+            self.process.returncode,
+            ", ".join(names),
+            "it" if len(names) == 1 else "them",
+            self.settings.spool_dir,
+        )
+        for name in names:
+            self.sinks[name].where = "the bridge process exited before it opened: spooled"
+
     def _abort(self) -> None:
         """A bridge failed to open: the child ends the runs that did open (as failed) and exits."""
-        self._request(("finish", 1, 0.0), "finished", GRACE_S)
+        self._request(Finish(1, 0.0), Finished, GRACE_S)
         self._reap(timeout_s=5.0)
 
     # --- the training thread's side --------------------------------------------------------------
 
-    def submit(self, name: str, kind: str, payload: Any) -> None:
-        with self._lock:
-            last = self._last
-            if last is not None and not last.sealed and last.payload is payload and last.kind == kind:
-                last.names.append(name)
-                return
-            message = self._last = _Message(kind, payload, name)
+    def submit(self, names: Sequence[str], kind: str, payload: Any) -> None:
+        """Hand one item to the named bridges (pipeline.export_to gathers them); never blocks."""
+        assert self._worker is not None, "the remote sinks exist once open() has started the link"
+        self._worker.submit(_LINK, _Message(kind, payload, names))
+
+    def wait_handed(self, timeout_s: float) -> bool:
+        """Wait until every item so far is on the pipe (or spooled); False on timeout."""
+        return self._worker is None or self._worker.flush(timeout_s)
+
+    def ledger(self) -> Ledger:
+        """The link's per-instant ledger, in messages (one per item, for all its bridges):
+        ``delivered`` is "on the pipe", awaiting acknowledgement or acknowledged."""
+        return self._worker.snapshot() if self._worker is not None else Ledger()
+
+    # --- the link's export: onto the pipe, into the window ----------------------------------------
+
+    def _hand_over(self, kind: str, message: _Message) -> bool:
+        """Write one message to the pipe, kept in the window until acknowledged; False (the
+        worker sets it aside) when the child is gone."""
+        with self._ack_lock:
+            if self._dead:
+                return False
+            self._seq += 1
+            message.seq, message.pending = self._seq, set(message.names)
+            self._unacked[message.seq] = message  # registered before its acknowledgement can come
         try:
-            self._queue.put_nowait(message)
-        except queue.Full:
-            self._set_aside(message)
+            self._send(encode_item(message.kind, message.seq, message.names, message.payload))
+        except (OSError, EOFError):  # gone, or stopped by finish(): its window, this one in it, is spooled
+            self._child_gone()
+            return False
+        return True
 
-    # --- the link thread -------------------------------------------------------------------------
-
-    def _send_loop(self) -> None:
-        while True:
-            message = self._queue.get()
-            try:
-                if message is _STOP:
-                    return
-                with self._lock:
-                    message.sealed = True
-                with self._ack_lock:
-                    dead = self._dead
-                    if not dead:  # kept until acknowledged: registered before it can arrive
-                        self._seq += 1
-                        seq = self._seq
-                        self._unacked[seq] = (message, set(message.names))
-                if dead:
-                    self._set_aside(message)
-                    continue
-                try:
-                    self._send(encode_item(message.kind, seq, message.names, message.payload))
-                except (OSError, EOFError):
-                    self._child_gone()
-                except Exception:
-                    logger.exception("otel-tracking: could not hand %s to the bridge process", message.kind)
-                    with self._ack_lock:
-                        self._unacked.pop(seq, None)
-                    self._set_aside(message)
-            finally:
-                self._queue.task_done()
-
-    def _set_aside(self, message: _Message, names: Sequence[str] | None = None) -> None:
-        with self._lock:  # sealed first: the bridges after these get messages of their own
-            message.sealed = True
-            names = list(message.names if names is None else names)
-        for name in names:
-            self.sinks[name].spool_item(message.kind, message.payload)
+    def _keep(self, kind: str, message: _Message) -> str:
+        """Spool a message for each bridge still waiting for it (every one, if it never reached the
+        pipe); whoever comes first (the link's worker giving it up, the child's death) spools it,
+        and only once.  Its outcome for the worker's ledger."""
+        with self._ack_lock:
+            names = message.names if message.pending is None else tuple(sorted(message.pending))
+            message.pending = set()
+            if message.seq is not None:
+                self._unacked.pop(message.seq, None)
+        outcomes = {self.sinks[name].spool_item(message.kind, message.payload) for name in names}
+        return "dropped" if "dropped" in outcomes else "spooled"
 
     # --- the reader thread: acknowledgements and replies -----------------------------------------
 
@@ -284,37 +318,48 @@ class BridgeProcess:
                     self._child_gone(warn=not self._gone_early)
                 self._replies.put(None)
                 return
-            if message[0] in ("opened", "failed"):
+            if isinstance(message, (Opened, Failed)):
                 self._outcome(message)
                 continue
-            if message[0] == "acks":
-                with self._ack_lock:
-                    for seq, name in message[1]:
-                        entry = self._unacked.get(seq)
-                        if entry is not None:
-                            entry[1].discard(name)
-                            if not entry[1]:
-                                del self._unacked[seq]
+            if isinstance(message, Acks):
+                self._acknowledged(message.acks)
                 continue
-            if message[0] == "finished":  # every backend finished: nothing is pending any more
+            if isinstance(message, Finished):  # every backend finished: nothing is pending any more
                 self._finished_ok = True
                 with self._ack_lock:
                     self._unacked.clear()
             self._replies.put(message)
 
-    def _outcome(self, outcome: tuple[Any, ...]) -> None:
+    def _acknowledged(self, acks: Sequence[tuple[int, str, str]]) -> None:
+        """Items a sink in the child is done with: no longer this process's to keep, and counted
+        for that sink as they come (so that a child that dies later leaves true counts)."""
+        counted: list[tuple[str, str, int]] = []
+        with self._ack_lock:
+            self._last_ack = time.monotonic()
+            for seq, name, outcome in acks:
+                message = self._unacked.get(seq)
+                if message is None or message.pending is None or name not in message.pending:
+                    continue
+                message.pending.discard(name)
+                if not message.pending:
+                    del self._unacked[seq]
+                counted.append((name, outcome, item_count(message.kind, message.payload)))
+        for name, outcome, n in counted:
+            self.sinks[name].count(outcome, n)
+
+    def _outcome(self, outcome: Opened | Failed) -> None:
         """A bridge opened or failed: open() takes it while it waits; after that, the remote sink."""
-        name = outcome[1]
+        name = outcome.name
         with self._opening:
             if self._window_open:
                 self._outcomes[name] = outcome
                 self._opening.notify_all()
                 return
         sink = self.sinks[name]
-        if outcome[0] == "opened":
-            sink.opened_late(outcome[2])
+        if isinstance(outcome, Opened):
+            sink.opened_late(outcome.info)
         else:
-            sink.failed_late(f"{outcome[2]}: {outcome[3]}")
+            sink.failed_late(f"{outcome.type_name}: {outcome.message}")
 
     def _child_gone(self, warn: bool = True) -> None:
         """The child died: spool everything it had not acknowledged, once.  Whichever thread sees it
@@ -334,17 +379,26 @@ class BridgeProcess:
                     self.process.poll(),
                     len(pending),
                 )
-            for message, names in pending:
-                self._set_aside(message, sorted(names))
+            for message in pending:
+                self._keep(_LINK, message)
 
-    def _send(self, message: Any, timeout_s: float = -1) -> None:
-        """One message on the pipe; with ``timeout_s``, a link thread stuck writing to a child that
-        does not read (and holding the pipe) makes this raise TimeoutError instead of waiting."""
+    def _send(self, message: Any, timeout_s: float | None = None) -> None:
+        """One message on the pipe.  With ``timeout_s``, a child that does not read makes this raise
+        :class:`~otel_tracking.wire.Stuck` within it (whether another writer holds the pipe or the
+        pipe is full); without, it waits until the pipe closes.  A message cut short by the deadline
+        leaves a stream the child cannot read: the child is stopped (its window is spooled)."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        if not self._send_lock.acquire(timeout=timeout_s):
-            raise TimeoutError("the bridge process is not reading its pipe")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if not self._send_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise Stuck(torn=False)
         try:
-            self._to_child.send_bytes(data)
+            if self._write_closed:
+                raise BrokenPipeError("the pipe to the bridge process is closed")
+            write_frame(self._to_child_w, data, deadline, cancelled=lambda: self._write_closed)
+        except Stuck as stuck:
+            if stuck.torn:
+                self.process.kill()
+            raise
         finally:
             self._send_lock.release()
 
@@ -355,7 +409,7 @@ class BridgeProcess:
         except (OSError, EOFError):
             return None
 
-    def _receive(self, expected: str, timeout_s: float, request: int | None = None) -> Any:
+    def _receive(self, expected: type, timeout_s: float, request: int | None = None) -> Any:
         """The child's reply of the ``expected`` kind, to ``request`` when the reply carries one (the
         reader thread passes replies on; one to an earlier request that timed out is skipped); None
         when the child is gone or late."""
@@ -367,48 +421,60 @@ class BridgeProcess:
                 return None
             if reply is None:
                 return None
-            if reply[0] == expected and (request is None or reply[-1] == request):
+            if isinstance(reply, expected) and (request is None or getattr(reply, "request", None) == request):
                 return reply
 
-    def _request(self, message: Any, expected: str, timeout_s: float, request: int | None = None) -> Any:
+    def _request(
+        self, message: Any, expected: type, timeout_s: float, request: int | None = None, while_acked: bool = False
+    ) -> Any:
+        """Send ``message``, wait for its reply; ``while_acked``: for as long as acknowledgements
+        keep coming (each one moves the deadline)."""
         if self._dead:
             return None
         try:
             self._send(message, timeout_s)
-        except TimeoutError:
+        except Stuck:
             return None  # the caller stops the child (it does not read)
         except (OSError, EOFError):
             self._child_gone()
             return None
-        return self._receive(expected, timeout_s, request)
+        if not while_acked:
+            return self._receive(expected, timeout_s, request)
+        started = time.monotonic()
+        while True:
+            window = max(started, self._last_ack) + timeout_s - time.monotonic()
+            if window <= 0:
+                return None
+            reply = self._receive(expected, min(window, 1.0), request)
+            if reply is not None or self._dead or self.process.poll() is not None:
+                return reply
 
     # --- the end ---------------------------------------------------------------------------------
 
     def flush(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
-        if not wait_handled(self._queue, timeout_s):
+        if not self.wait_handed(timeout_s):
             return False
         self._requests += 1  # numbered: a late answer to an earlier flush() never answers this one
         request = self._requests
-        message = ("flush", max(0.0, deadline - time.monotonic()), request)
-        reply = self._request(message, "flushed", timeout_s + GRACE_S, request)
-        return bool(reply and reply[1])
+        message = Flush(max(0.0, deadline - time.monotonic()), request)
+        reply: Flushed | None = self._request(message, Flushed, timeout_s + GRACE_S, request)
+        return reply is not None and reply.ok
 
     def finish(self, exit_code: int, timeout_s: float) -> None:
-        """Hand over the rest, have the child drain and close every backend, collect its counts; once."""
+        """Hand over the rest, have the child drain and close every backend, collect its counts; once.
+        The child drains each backend while it makes progress (``timeout_s`` is the bound for one
+        that delivers nothing), and this process waits for it while its acknowledgements come."""
         if self._finished:
             return
         self._finished = True
-        deadline = time.monotonic() + timeout_s
-        wait_handled(self._queue, timeout_s)
-        self._stop_link()  # past the deadline, what is still queued is spooled below
-        if self._thread is not None:
-            self._thread.join(max(0.1, deadline - time.monotonic()))
-        self._drain_to_spool()  # what the link thread did not take (it may be stuck writing)
-        remaining = max(0.0, deadline - time.monotonic())
-        reply = self._request(("finish", exit_code, remaining), "finished", timeout_s + GRACE_S)
-        if reply is not None:
-            self._stats = reply[1]
+        if self._worker is not None:  # onto the pipe while the child takes it; what it does not take is spooled
+            self._worker.stop(timeout_s)
+        finished: Finished | None = self._request(
+            Finish(exit_code, timeout_s), Finished, timeout_s + GRACE_S, while_acked=True
+        )
+        if finished is not None:
+            self._stats = finished.counts
             # Every backend is finished: the child's interpreter teardown (seconds, for MLflow's
             # imports) is none of the training loop's business.  Reap it in the background.
             self._close()
@@ -416,7 +482,7 @@ class BridgeProcess:
             return
         if not self._dead:
             logger.warning(
-                "otel-tracking: the bridge process did not finish within %.0f s; stopping it",
+                "otel-tracking: the bridge process made no progress for %.0f s while it finished; stopping it",
                 timeout_s + GRACE_S,
             )
         self._reap(timeout_s=GRACE_S)
@@ -426,35 +492,22 @@ class BridgeProcess:
         for sink in self.sinks.values():  # no bridge ended its backend's run: replay will
             sink.spool_end(exit_code)
 
-    def _stop_link(self) -> None:
-        """Tell the link thread to end without ever blocking: a link stuck writing to a child that
-        does not read leaves the queue full, and what is in it goes to the spool instead."""
-        while True:
-            try:
-                self._queue.put_nowait(_STOP)
-                return
-            except queue.Full:
-                self._drain_to_spool()
-
-    def _drain_to_spool(self) -> None:
-        """Everything still in the link's queue goes to the spool."""
-        while True:
-            try:
-                message = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if message is not _STOP:
-                self._set_aside(message)
-            self._queue.task_done()
-
     def child_stats(self, name: str) -> dict[str, int]:
         return self._stats.get(name, {})
 
     def _close(self) -> None:
         # Only the sending end: the reader thread closes its own end when the child has gone (closing
         # a descriptor another thread is reading could hand its number to a file opened meanwhile).
-        with contextlib.suppress(OSError):
-            self._to_child.close()
+        # A writer waiting for room sees _write_closed within a poll slice and lets go of the pipe.
+        self._write_closed = True
+        if self._send_lock.acquire(timeout=5.0):
+            try:
+                if self._to_child_w >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(self._to_child_w)
+                    self._to_child_w = -1
+            finally:
+                self._send_lock.release()
         if self._reader is None:
             with contextlib.suppress(OSError):
                 self._from_child.close()
@@ -472,44 +525,39 @@ class RemoteSink(Sink):
     """A bridge running in the bridge process, as the training process's run sees it: what it
     gets goes to the link; counts are the child's, plus what this side had to spool."""
 
-    def __init__(self, link: BridgeProcess, name: str, info: dict[str, Any]) -> None:
-        present = "in the otel-tracking bridge process"
-        super().__init__(
-            name,
-            metrics=present if info["metrics"] else None,  # type: ignore[arg-type]
-            spans=present if info["spans"] else None,  # type: ignore[arg-type]
-            logs=present if info["logs"] else None,
-            where=info["where"],
-            named_events_only=True,
-            resume=info["resume"],
-        )
+    def __init__(self, link: BridgeProcess, name: str, info: BridgeInfo) -> None:
+        # Its exporters are in the child: what it takes is what the child said its bridge takes.
+        super().__init__(name, where=info.where, named_events_only=True, resume=info.resume)
+        self.info = info
         self.link = link
+        self.carrier = link  # what the run hands it goes to the link, once for all the bridges
         self._spool: Spool | None = None
 
     def start(
         self,
         spool: Spool | None,
         policy: Policy | None = None,
-        done: Callable[[Any], None] | None = None,
+        done: Callable[[Any, str], None] | None = None,
         held: bool = False,
     ) -> None:
         if spool is not None:  # the child spools to <sink>.jsonl; this side, only when the link fails
             spool = Spool(spool.path.with_suffix(".link.jsonl"), spool.header)
         self._spool = spool
 
-    def _submit(self, kind: str, payload: Any) -> None:
-        self.link.submit(self.name, kind, payload)
+    def takes(self, kind: str) -> bool:
+        return bool(getattr(self.info, kind))
 
-    def opened_late(self, info: dict[str, Any]) -> None:
+    def opened_late(self, info: BridgeInfo) -> None:
         """The bridge opened after the start window: what it was sent meanwhile is delivered now."""
-        self.where = info["where"]
-        self.resume = info["resume"]
+        self.info = info
+        self.where = info.where
+        self.resume = info.resume
         if self.on_resume is not None:
             self.on_resume(self.name, self.resume)
         if self._spool is not None:  # replay of the link's spool reattaches to the same run
-            self._spool.header["resume"] = info["resume"]
-        if not (info["metrics"] or info["spans"] or info["logs"]):  # MLflow not reachable, after its attempts
-            self.failed_late(f"it opened with nothing to write to: {info['where']}")
+            self._spool.header["resume"] = info.resume
+        if not (info.metrics or info.spans or info.logs):  # MLflow not reachable, after its attempts
+            self.failed_late(f"it opened with nothing to write to: {info.where}")
         else:
             logger.info("otel-tracking: %s opened: %s", self.name, self.where)
 
@@ -524,8 +572,8 @@ class RemoteSink(Sink):
             self.link.settings.spool_dir,
         )
 
-    def spool_item(self, kind: str, payload: Any) -> None:
-        set_aside(self.name, self._spool, kind, payload, self.count)
+    def spool_item(self, kind: str, payload: Any) -> str:
+        return set_aside(self.name, self._spool, kind, payload, self.count)
 
     def spool_end(self, exit_code: int) -> None:
         """The run ended and this bridge could not end the backend's run: the last spool record
@@ -542,13 +590,17 @@ class RemoteSink(Sink):
     def flush(self, timeout_s: float) -> bool:
         return self.link.flush(timeout_s)
 
-    def finish(self, exit_code: int, timeout_s: float = 30.0) -> None:
+    def finish(self, exit_code: int, timeout_s: float = 30.0, since: float | None = None) -> None:
         if self._finished:
             return
         self._finished = True
         self.link.finish(exit_code, timeout_s)
+        # Items were counted as their acknowledgements came; the child's final counts add the
+        # export attempts (failed, retried), which only it saw.
+        attempts = {"failed", "retried"}
         for field, n in self.link.child_stats(self.name).items():
-            self.count(field, n)
+            if field in attempts:
+                self.count(field, n)
         if self._spool is not None:
             self._spool.close()
 
@@ -583,22 +635,22 @@ _ERRORS: dict[str, type[Exception]] = {
 }
 
 
-def _error_from(type_name: str, message: str, module: str = "", qualname: str = "") -> Exception:
+def _error_from(failed: Failed) -> Exception:
     """The child's error as itself, so that a user's ``except`` does not depend on where the
     trackers run: our own types, else the original class (a tracker's, e.g. wandb's UsageError),
     imported here only now that Tracking() fails; a RuntimeError naming it when it cannot be."""
-    kind = _ERRORS.get(type_name)
+    kind = _ERRORS.get(failed.type_name)
     if kind is not None:
-        return kind(message)
+        return kind(failed.message)
     try:
-        found: Any = importlib.import_module(module)
-        for part in qualname.split("."):
+        found: Any = importlib.import_module(failed.module)
+        for part in failed.qualname.split("."):
             found = getattr(found, part)
         if isinstance(found, type) and issubclass(found, Exception):
-            return found(message)
+            return found(failed.message)
     except Exception:  # not importable here, or a constructor that wants other arguments
         pass
-    return RuntimeError(f"{type_name}: {message}")
+    return RuntimeError(f"{failed.type_name}: {failed.message}")
 
 
 def _fileno(stream: Any) -> int | None:

@@ -9,8 +9,10 @@ and a spool on disk for what the sink cannot take.
 ``submit()`` never blocks: a full queue spools the item (or, with no spool, drops and counts it).
 After an item has used up its attempts the sink is *degraded*: new items go straight to the spool
 (no waiting on a dead backend), and every ``probe_interval_s`` one item is tried again; one success
-ends the degraded state.  At ``stop()`` the queue is drained until the deadline, with at most one
-attempt per item; what is left is spooled.  Every outcome is counted in the sink's stats.
+ends the degraded state.  At ``stop()`` the queue is drained, with at most one attempt per item,
+for as long as the backend makes progress: a slow backend that keeps delivering is waited for, and
+what a backend that delivered nothing for the finish timeout still holds is spooled.  Every
+outcome is counted in the sink's stats.
 
 A worker can start *held*, for a backend that is still opening: its queue keeps what comes (a full
 queue spools, as always) and its thread waits; ``release()`` (opened) delivers it all in order,
@@ -24,8 +26,8 @@ import dataclasses
 import fcntl
 import json
 import logging
+import math
 import os
-import queue
 import threading
 import time
 import zlib
@@ -166,35 +168,27 @@ def unframe(line: bytes) -> dict[str, Any] | str:
     return entry if isinstance(entry, dict) else "not a record"
 
 
-def wait_handled(items: queue.Queue[Any], timeout_s: float) -> bool:
-    """Wait until every item put in ``items`` so far was marked done; False on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while items.unfinished_tasks:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 def item_count(kind: str, payload: Any) -> int:
     """Items in one payload, as the counts see them: a log() call is one, spans and log records
     one each."""
     return len(payload) if kind in _MERGEABLE else 1
 
 
-def set_aside(sink: str, spool: Spool | None, kind: str, payload: Any, count: Callable[[str, int], None]) -> None:
+def set_aside(sink: str, spool: Spool | None, kind: str, payload: Any, count: Callable[[str, int], None]) -> str:
     """Keep what a sink cannot deliver now in its spool (counted ``spooled``); with no spool, or
-    one that cannot be written, the items are lost and counted ``dropped``."""
+    one that cannot be written, the items are lost and counted ``dropped``.  Which of the two."""
     n = item_count(kind, payload)
     if spool is None:
         count("dropped", n)
-        return
+        return "dropped"
     try:
         spool.write(kind, payload)
         count("spooled", n)
+        return "spooled"
     except Exception:
         logger.exception("otel-tracking: sink %r could not spool; data dropped", sink)
         count("dropped", n)
+        return "dropped"
 
 
 @dataclass
@@ -209,15 +203,28 @@ class Ledger:
     queued: int = 0
     in_flight: int = 0
 
+    def settled(self, outcome: str, n: int) -> None:
+        """``n`` items reached their end: "delivered", "spooled" or "dropped"."""
+        if outcome == "delivered":
+            self.delivered += n
+        elif outcome == "spooled":
+            self.spooled += n
+        elif outcome == "dropped":
+            self.dropped += n
+        else:
+            raise ValueError(f"not an outcome: {outcome!r}")
+
     def balanced(self) -> bool:
         return self.handed == self.delivered + self.in_flight + self.queued + self.spooled + self.dropped
 
 
 class Worker:
     """The queue and thread of one sink.  ``deliver(kind, payload) -> bool`` is the sink's guarded
-    export call; ``count(field, n)`` updates the sink's stats; ``done(token)``, when given, hears
-    of every submitted item that reached its end (delivered, spooled or dropped), by the token it
-    was submitted with.  ``held``: the backend is still opening (see :meth:`release`).
+    export call; ``count(field, n)`` updates the sink's stats; ``done(token, outcome)``, when given,
+    hears of every submitted item that reached its end (``outcome``: "delivered", "spooled" or
+    "dropped"), by the token it was submitted with.  ``held``: the backend is still opening (see
+    :meth:`release`).  ``set_aside(kind, payload) -> outcome``, when given, keeps what cannot be
+    delivered instead of ``spool`` (the bridge link spools an item for each bridge it is for).
 
     Every move of an item (handed, queued, taken, delivered, spooled, dropped) happens under one
     condition lock together with its count in :attr:`ledger`; exports and retry waits happen
@@ -230,11 +237,13 @@ class Worker:
         count: Callable[[str, int], None],
         spool: Spool | None,
         policy: Policy | None = None,
-        done: Callable[[Any], None] | None = None,
+        done: Callable[[Any, str], None] | None = None,
         held: bool = False,
+        set_aside: Callable[[str, Any], str] | None = None,
     ) -> None:
         self.name = name
         self._deliver = deliver
+        self._keep = set_aside
         self._sink_count = count
         self._done = done
         self.spool = spool
@@ -251,12 +260,13 @@ class Worker:
         self._never_opened = False  # give_up() came first: every item goes to the spool
         self._stopping = threading.Event()
         self._degraded_until = 0.0  # monotonic time of the next probe while degraded
+        self._last_delivery = 0.0  # monotonic time the backend last took an item: stop() waits while it does
         self._thread = threading.Thread(target=self._run, name=f"otel-tracking-{name}", daemon=True)
         self._thread.start()
 
     def _count(self, field: str, n: int) -> None:
         if field in ("delivered", "spooled", "dropped"):
-            setattr(self.ledger, field, getattr(self.ledger, field) + n)
+            self.ledger.settled(field, n)
         self._sink_count(field, n)
 
     def snapshot(self) -> Ledger:
@@ -303,8 +313,7 @@ class Worker:
             self.ledger.handed += n
             full = len(self._items) >= self.policy.queue_size
             if self._closed or (full and not self._opening):
-                self._set_aside(kind, payload)
-                self._report_done([token])
+                self._report_done([token], self._set_aside(kind, payload))
                 return
             if full:
                 # Held for a backend still opening: the oldest goes to the spool instead, so the
@@ -312,8 +321,7 @@ class Worker:
                 # replay delivers in order) and the newest wait to go live.
                 old_kind, old_payload, old_token = self._items.popleft()
                 self.ledger.queued -= item_count(old_kind, old_payload)
-                self._set_aside(old_kind, old_payload)
-                self._report_done([old_token])
+                self._report_done([old_token], self._set_aside(old_kind, old_payload))
             self._items.append((kind, payload, token))
             self.ledger.queued += n
             if len(self._items) == 1 or len(self._items) >= _MAX_MERGE:
@@ -362,56 +370,58 @@ class Worker:
         while (item := self._take()) is not None:
             kind, payload, tokens = item
             try:
-                self._attempt(kind, payload)
+                outcome = self._attempt(kind, payload)
             except Exception:  # the worker must never die: keep the item and go on
                 logger.exception("otel-tracking: sink %r worker error", self.name)
-                self._settle(kind, payload, delivered=False)
+                outcome = self._settle(kind, payload, delivered=False)
             with self._lock:
-                mine, self._inflight = not self._given_up, None
+                self._inflight = None
                 self._lock.notify_all()
-            if mine:
-                self._report_done(tokens)
+            if outcome is not None:
+                self._report_done(tokens, outcome)
 
-    def _settle(self, kind: str, payload: Any, delivered: bool) -> bool:
-        """The in-flight item reached its end: delivered, or spooled.  False when stop() had given
-        it up (spooled it) meanwhile: then it is not this thread's to count."""
+    def _settle(self, kind: str, payload: Any, delivered: bool) -> str | None:
+        """The in-flight item reached its end: delivered, or spooled (or dropped); which.  None
+        when stop() had given it up (spooled it) meanwhile: then it is not this thread's to count."""
         with self._lock:
             if self._given_up or self._inflight is None:
-                return False
+                return None
             self.ledger.in_flight -= item_count(kind, payload)
+            self._inflight = None
             if delivered:
                 self._count("delivered", item_count(kind, payload))
-            else:
-                self._set_aside(kind, payload)
-            self._inflight = None
-            return True
+                self._last_delivery = time.monotonic()
+                return "delivered"
+            return self._set_aside(kind, payload)
 
-    def _report_done(self, tokens: list[Any]) -> None:
+    def _report_done(self, tokens: list[Any], outcome: str) -> None:
         if self._done is not None:
             for token in tokens:
-                self._done(token)
+                self._done(token, outcome)
 
-    def _attempt(self, kind: str, payload: Any) -> None:
+    def _attempt(self, kind: str, payload: Any) -> str | None:
         if self._never_opened or (self._degraded_until and time.monotonic() < self._degraded_until):
-            self._settle(kind, payload, delivered=False)
-            return
+            return self._settle(kind, payload, delivered=False)
         attempts = 1 if (self._stopping.is_set() or self._degraded_until) else self.policy.max_attempts
         delay = self.policy.backoff_s
         for attempt in range(attempts):
             if self._deliver(kind, payload):
                 self._degraded_until = 0.0
-                self._settle(kind, payload, delivered=True)
-                return
+                return self._settle(kind, payload, delivered=True)
             if attempt + 1 < attempts:
                 self._count("retried", 1)
                 if self._stopping.wait(delay):
                     break  # finishing: no more waiting on a failing backend
                 delay = min(delay * 2, self.policy.backoff_max_s)
         self._degraded_until = time.monotonic() + self.policy.probe_interval_s
-        self._settle(kind, payload, delivered=False)
+        return self._settle(kind, payload, delivered=False)
 
-    def _set_aside(self, kind: str, payload: Any) -> None:
-        set_aside(self.name, self.spool, kind, payload, self._count)
+    def _set_aside(self, kind: str, payload: Any) -> str:
+        if self._keep is None:
+            return set_aside(self.name, self.spool, kind, payload, self._count)
+        outcome = self._keep(kind, payload)
+        self._count(outcome, item_count(kind, payload))
+        return outcome
 
     # --- the end ---------------------------------------------------------------------------------
 
@@ -425,31 +435,60 @@ class Worker:
             finally:
                 self._hurry -= 1
 
-    def stop(self, timeout_s: float) -> None:
-        """Drain (one attempt per item) until the deadline, a backend still opening included; spool
-        what is left (giving up an open that did not come), including an item whose export still
-        hangs then; end the thread."""
+    def drain(self, stall_s: float, since: float, wait_s: float = math.inf) -> str:
+        """Wait until everything submitted so far was handled, for as long as the backend makes
+        progress: "drained"; "stalled" once it delivered nothing for ``stall_s``, counted from its
+        last delivery or from ``since`` (monotonic), whichever is later; "moving" when ``wait_s``
+        passed first.  A slow backend that keeps delivering is waited for; a hung one is not."""
+        until = time.monotonic() + wait_s
+        with self._lock:
+            self._hurry += 1
+            self._lock.notify_all()  # a worker holding items for the export interval sends them now
+            try:
+                while self._items or self._inflight is not None:
+                    now = time.monotonic()
+                    stalled_at = max(since, self._last_delivery) + stall_s
+                    if now >= stalled_at:
+                        return "stalled"
+                    if now >= until:
+                        return "moving"
+                    self._lock.wait(min(stalled_at, until) - now)  # woken as each item is done
+                return "drained"
+            finally:
+                self._hurry -= 1
+
+    def backlog(self) -> int:
+        """Items queued or in flight."""
+        with self._lock:
+            return self.ledger.queued + self.ledger.in_flight
+
+    def stop(self, stall_s: float, since: float | None = None) -> None:
+        """Drain (one attempt per item) while the backend makes progress (see :meth:`drain`; one
+        still opening makes none); once it delivered nothing for ``stall_s`` (from ``since``,
+        default now), spool what is left (giving up an open that did not come), including an item
+        whose export still hangs then; end the thread."""
         self._stopping.set()
-        deadline = time.monotonic() + timeout_s
-        self.flush(timeout_s)
+        since = time.monotonic() if since is None else since
+        self.drain(stall_s, since)
         self.give_up()  # a backend still opening is given up (no-op if it opened)
-        with self._lock:  # past the deadline: whatever is still queued goes to the spool
+        with self._lock:  # stalled: whatever is still queued goes to the spool
             while self._items:
                 kind, payload, token = self._items.popleft()
                 self.ledger.queued -= item_count(kind, payload)
-                self._set_aside(kind, payload)
-                self._report_done([token])
+                self._report_done([token], self._set_aside(kind, payload))
             self._closed = True
             self._lock.notify_all()
-        self._thread.join(max(0.1, deadline - time.monotonic()))
+            stalled_at = max(since, self._last_delivery) + stall_s
+        self._thread.join(max(0.1, stalled_at - time.monotonic()))
+        outcome = ""
         with self._lock:
             inflight = self._inflight if self._thread.is_alive() else None
             if inflight is not None:
                 kind, payload, _ = inflight
                 self._given_up = True
                 self.ledger.in_flight -= item_count(kind, payload)
-                self._set_aside(kind, payload)
+                outcome = self._set_aside(kind, payload)
         if inflight is not None:
-            self._report_done(inflight[2])
+            self._report_done(inflight[2], outcome)
         if self.spool is not None:
             self.spool.close()

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
@@ -46,11 +46,34 @@ class SinkStats:
     spooled: int = 0  # kept on disk for ``otel-tracking replay``
     dropped: int = 0  # lost: queue full with no spool, or the spool itself failed
 
+    def add(self, field: str, n: int) -> None:
+        """``n`` more of ``field``: an item's outcome ("delivered", "spooled", "dropped") or an
+        export attempt ("failed", "retried")."""
+        if field == "delivered":
+            self.delivered += n
+        elif field == "failed":
+            self.failed += n
+        elif field == "retried":
+            self.retried += n
+        elif field == "spooled":
+            self.spooled += n
+        elif field == "dropped":
+            self.dropped += n
+        else:
+            raise ValueError(f"not a count: {field!r}")
+
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
 
 _FAILED = (MetricExportResult.FAILURE, SpanExportResult.FAILURE)
+
+
+class Carrier(Protocol):
+    """What carries items for several sinks at once (the pipe to the bridge process): one item,
+    the names of the sinks it is for."""
+
+    def submit(self, names: Sequence[str], kind: str, payload: Any) -> None: ...
 
 
 class Sink:
@@ -76,12 +99,14 @@ class Sink:
         self.metrics = metrics
         self.spans = spans
         self.logs = logs
+        self._step_records = _takes_step_records(metrics)
         self.where = where  # shown to the user at the end of a run: where this sink wrote
         self.inline = inline  # called on the caller's thread (file, console): on disk when log() returns
         self.resume = resume  # what replay needs to reattach to this backend's run (e.g. an MLflow run id)
         # Told (name, resume) when a bridge opened after the run started: the run's reattach record.
         self.on_resume: Callable[[str, dict[str, Any] | None], Any] | None = None
         self.policy = policy  # this sink's own retry policy, instead of the run's
+        self.carrier: Carrier | None = None  # set when its exporters are elsewhere (see export_to)
         self._on_finish = on_finish
         self.stats = SinkStats()
         self.worker: Worker | None = None
@@ -94,11 +119,11 @@ class Sink:
         self,
         spool: Spool | None,
         policy: Policy | None = None,
-        done: Callable[[Any], None] | None = None,
+        done: Callable[[Any, str], None] | None = None,
         held: bool = False,
     ) -> None:
         """Give a non-inline sink its worker (the run does this once its spool path is known);
-        ``done(token)`` hears when each item submitted with a token reached its end.  A ``held``
+        ``done(token, outcome)`` hears when each item submitted with a token reached its end.  A ``held``
         sink's backend is still opening: its queue keeps what comes until :meth:`attach`."""
         if not self.inline and self.worker is None:
             self.worker = Worker(self.name, self.deliver, self.count, spool, policy, done, held=held)
@@ -111,6 +136,7 @@ class Sink:
             if self._sealed:
                 return False
             self.metrics, self.spans, self.logs = parts.metrics, parts.spans, parts.logs
+            self._step_records = _takes_step_records(parts.metrics)
             self._on_finish = parts.finish
             self.where = parts.where
             self.resume = parts.resume
@@ -135,9 +161,13 @@ class Sink:
         """Wait until what was handed to this sink so far is delivered or spooled."""
         return self.worker.flush(timeout_s) if self.worker is not None else True
 
+    def takes(self, kind: str) -> bool:
+        """Whether this sink exports ``kind`` ("metrics", "spans" or "logs")."""
+        return {"metrics": self.metrics, "spans": self.spans, "logs": self.logs}[kind] is not None
+
     def count(self, field: str, n: int) -> None:
         with self._lock:
-            setattr(self.stats, field, getattr(self.stats, field) + n)
+            self.stats.add(field, n)
 
     def deliver(self, kind: str, payload: Any) -> bool:
         """One guarded export call; True when the backend took it (the caller counts it delivered:
@@ -146,7 +176,7 @@ class Sink:
         try:
             if kind != "metrics":
                 result = exporter.export(payload)
-            elif isinstance(payload, StepBatch) and hasattr(exporter, "export_records"):
+            elif isinstance(payload, StepBatch) and self._step_records:
                 result = exporter.export_records([payload.record()])  # our step exporters: no OTel round trip
             else:
                 result = exporter.export(materialize(payload))
@@ -159,7 +189,9 @@ class Sink:
         return True
 
     def _submit(self, kind: str, payload: Any) -> None:
-        if self.worker is not None:
+        if self.carrier is not None:
+            self.carrier.submit([self.name], kind, payload)
+        elif self.worker is not None:
             self.worker.submit(kind, payload)
         elif self.deliver(kind, payload):
             self.count("delivered", item_count(kind, payload))
@@ -179,15 +211,15 @@ class Sink:
             logger.debug(message, self.name, what, detail)
 
     def export_metrics(self, data: MetricsData | StepBatch) -> None:
-        if self.metrics is not None:
+        if self.takes("metrics"):
             self._submit("metrics", data)
 
     def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
-        if self.spans is not None:
+        if self.takes("spans"):
             self._submit("spans", spans)
 
     def export_logs(self, records: Sequence[ReadableLogRecord]) -> None:
-        if self.logs is None:
+        if not self.takes("logs"):
             return
         if self.named_events_only:
             records = [r for r in records if self._is_named(r)]
@@ -199,14 +231,16 @@ class Sink:
         backends = (item.log_record.attributes or {}).get("ml.backends")
         return not isinstance(backends, (list, tuple)) or self.name in backends
 
-    def finish(self, exit_code: int, timeout_s: float = 30.0) -> None:
-        """Drain the queue (spooling what cannot go before the deadline), flush and shut down every
-        exporter, then end the backend's run; once."""
+    def finish(self, exit_code: int, timeout_s: float = 30.0, since: float | None = None) -> None:
+        """Drain the queue while the backend makes progress (spooling what a backend that
+        delivered nothing for ``timeout_s``, counted from ``since`` or now, still holds), flush and
+        shut down every exporter, then end the backend's run; once."""
         if self._finished:
             return
         self._finished = True
         if self.worker is not None:
-            self.worker.stop(timeout_s)  # a backend still opening is waited for until the deadline, then given up
+            # a backend still opening is waited for until the timeout, then given up
+            self.worker.stop(timeout_s, since)
         with self._lock:
             self._sealed = True
         for exporter in (self.metrics, self.spans, self.logs):
@@ -232,33 +266,82 @@ class Sink:
                     spool.end(exit_code)
 
 
+def export_to(sinks: Sequence[Sink], kind: str, payload: Any) -> None:
+    """Hand one item ("metrics" or "spans") to each of ``sinks`` that takes it; the sinks of one
+    carrier (the trackers in the bridge process) get it as one message for all of them."""
+    carried: dict[int, tuple[Carrier, list[str]]] = {}
+    for sink in sinks:
+        if not sink.takes(kind):
+            continue
+        if sink.carrier is None:
+            sink._submit(kind, payload)
+        else:
+            carried.setdefault(id(sink.carrier), (sink.carrier, []))[1].append(sink.name)
+    for carrier, names in carried.values():
+        carrier.submit(names, kind, payload)
+
+
+def _takes_step_records(exporter: Any) -> bool:
+    """Our step exporters take a log() call's record as it is (no OTel round trip): known once,
+    when the exporter is set, not probed at every export."""
+    return callable(getattr(exporter, "export_records", None))
+
+
 def flush_sinks(sinks: Sequence[Sink], deadline: float) -> bool:
     """Wait for every sink's queue at once until ``deadline`` (monotonic); False if one was not
     empty by then (every sink is waited for, none skipped)."""
     return all([sink.flush(max(0.0, deadline - time.monotonic())) for sink in sinks])
 
 
-def finish_sinks(sinks: Sequence[Sink], exit_code: int, deadline: float) -> None:
-    """Drain every sink's queue at once, then finish them one by one; ``deadline`` (monotonic)
-    bounds the total, and what is still queued then is spooled."""
-    flush_sinks(sinks, deadline)
+PROGRESS_AFTER_S = 5.0  # finish() says what it is waiting for once it has drained this long, and again
+
+
+def drain_sinks(sinks: Sequence[Sink], stall_s: float, since: float) -> None:
+    """Wait for every sink's queue at once, each for as long as its backend makes progress (see
+    ``Worker.drain``): a backend that delivered nothing for ``stall_s`` is no longer waited for.
+    Every ``PROGRESS_AFTER_S`` one line says which backends are still delivering."""
+    waiting = [sink for sink in sinks if sink.worker is not None]
+    next_line = since + PROGRESS_AFTER_S
+    while waiting:
+        worker = waiting[0].worker
+        assert worker is not None
+        state = worker.drain(stall_s, since, wait_s=max(0.0, next_line - time.monotonic()))
+        if state != "moving":
+            waiting.pop(0)
+            continue
+        now = time.monotonic()
+        if now >= next_line:
+            next_line = now + PROGRESS_AFTER_S
+            left = ", ".join(f"{s.name} ({s.worker.backlog()} items left)" for s in waiting if s.worker is not None)
+            logger.warning(
+                "otel-tracking: finishing for %.0f s: still delivering to %s; waiting while they make progress "
+                "(what a backend that delivers nothing for %g s still holds is spooled)",
+                now - since,
+                left,
+                stall_s,
+            )
+
+
+def finish_sinks(sinks: Sequence[Sink], exit_code: int, stall_s: float) -> None:
+    """Drain every sink's queue at once while its backend makes progress, then finish them one by
+    one; what a backend that delivered nothing for ``stall_s`` still holds is spooled."""
+    since = time.monotonic()
+    drain_sinks(sinks, stall_s, since)
     for sink in sinks:
-        sink.finish(exit_code, timeout_s=max(0.0, deadline - time.monotonic()))
+        sink.finish(exit_code, timeout_s=stall_s, since=since)
 
 
 class SinkSpanProcessor(SpanProcessor):
     """Hands each ended span to every sink that takes spans."""
 
     def __init__(self, sinks: Sequence[Sink]) -> None:
-        self._sinks = [sink for sink in sinks if sink.spans is not None]
+        self._sinks = [sink for sink in sinks if sink.takes("spans")]
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
-        batch = (span,)
-        for sink in self._sinks:
-            sink.export_spans(batch)
+        export_to(self._sinks, "spans", (span,))
 
     def shutdown(self) -> None:
         return None
@@ -271,7 +354,7 @@ class SinkLogProcessor(LogRecordProcessor):
     """Hands each emitted log record (generations, tables) to every sink that takes logs."""
 
     def __init__(self, sinks: Sequence[Sink]) -> None:
-        self._sinks = [sink for sink in sinks if sink.logs is not None]
+        self._sinks = [sink for sink in sinks if sink.takes("logs")]
 
     def on_emit(self, log_record: ReadWriteLogRecord) -> None:
         readable = ReadableLogRecord(

@@ -6,8 +6,8 @@ its own (built here, per process, never installed globally), and the shutdown or
 
 1. end the OTLP periodic metric export (one last export of the final values);
 2. flush and shut down the span and log providers (pending spans and records reach every sink);
-3. drain every sink's queue, all at once, until ``OTEL_TRACKING_FINISH_TIMEOUT`` (what is left is
-   spooled, never silently lost);
+3. drain every sink's queue, all at once, while its backend makes progress (what a backend that
+   delivered nothing for ``OTEL_TRACKING_FINISH_TIMEOUT`` still holds is spooled, never lost);
 4. finish each sink: shut down its exporters, end the backend's run with the exit code.
 
 ``finish()`` is idempotent.  A run that was not finished is finished at interpreter exit by a hook
@@ -40,7 +40,15 @@ from otel_tracking.carrier import extract_env, has_span, step_from, with_identit
 from otel_tracking.delivery import Spool
 from otel_tracking.ids import ID_GENERATOR
 from otel_tracking.otel_compat import LoggerProvider
-from otel_tracking.pipeline import PeriodicExport, Sink, SinkLogProcessor, SinkSpanProcessor, finish_sinks, flush_sinks
+from otel_tracking.pipeline import (
+    PeriodicExport,
+    Sink,
+    SinkLogProcessor,
+    SinkSpanProcessor,
+    export_to,
+    finish_sinks,
+    flush_sinks,
+)
 from otel_tracking.redact import is_secret_key, redact, redact_attributes, scrub_strings
 from otel_tracking.resume import RunRecord, record_name
 from otel_tracking.semconv import ENDED_BY, STEP_SPAN_NAME
@@ -368,8 +376,7 @@ class Run:
             batch = StepBatch(
                 self.resource, step, scalars, others, now, order, others_json, as_logged, step_as_logged(given_step)
             )
-            for sink in targets:
-                sink.export_metrics(batch)
+            export_to(targets, "metrics", batch)
         if self._latest is not None:
             self._latest.update(step, scalars, now)
         self.last_step = step
@@ -415,7 +422,6 @@ class Run:
         if self.driver:
             global _driver_finished_pid, _said_not_recorded
             _driver_finished_pid, _said_not_recorded = self.pid, False
-        deadline = time.monotonic() + self.settings.finish_timeout_s
         for periodic in self._periodic:
             periodic.stop()
         # Spans still open (``with trace_state("fit"): ... finish()``) end here, saying so, rather
@@ -431,7 +437,7 @@ class Run:
                 provider.shutdown()
             except Exception:
                 logger.exception("otel-tracking: flushing %s failed", type(provider).__name__)
-        finish_sinks(self.all_sinks, exit_code, deadline)
+        finish_sinks(self.all_sinks, exit_code, self.settings.finish_timeout_s)
         if self.record is not None:
             for sink in self.sinks:  # a tracker that opened late said how to reattach by now
                 self.record.set_backend(sink.name, sink.resume)

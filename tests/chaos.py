@@ -1,12 +1,14 @@
-"""Process-level chaos: SIGKILL the training process or the bridge process at a random step, with
-real MLflow (sqlite) and TensorBoard, then `otel-tracking replay`; check what every backend holds.
+"""Process-level chaos: SIGKILL the training process or the bridge process at a random step, the
+bridge process while it starts (0.3 s after it appears), or a tracker SDK that crashes in native code
+as the bridge process imports it; with real MLflow (sqlite) and TensorBoard, then `otel-tracking
+replay`; check what every backend holds.
 
 The rule being checked: every step whose ``log()`` returned (the file sink has it: it is written
 inline) is in MLflow exactly once per (key, step), with its value, and in TensorBoard at least once;
 steps never handed over (after a SIGKILL of the training process) are not expected anywhere.
 
-    python -m tests.chaos --runs 20          # outside CI: repeat, print the counts
-    tests/test_chaos.py                      # inside CI: a few fixed seeds
+    python -m tests.chaos --runs 20          # outside CI: repeat, print the counts (every fault in turn)
+    tests/test_chaos.py                      # inside CI: a few fixed seeds, and each start fault once
 """
 
 from __future__ import annotations
@@ -26,12 +28,19 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 60
+# Who is hurt: the training process or the bridge process at a random step (the victims a seed
+# picks), the bridge process 0.3 s into its start, or a tracker SDK crashing at its import.
+AT_A_STEP = ("training", "bridge")
+AT_THE_START = ("bridge-at-start", "sdk-import-crash")
+VICTIMS = AT_A_STEP + AT_THE_START
+# The crashing SDK: a package named like MLflow's ahead of it on the path (the training process never
+# imports a tracker SDK; the bridge process, which takes its path, does).
+CRASHING_SDK = "import ctypes\nctypes.string_at(0)  # SIGSEGV, in C\n"
 
 TRAINING = textwrap.dedent(
     """
     import sys, time
     from otel_tracking import Tracking, trace_state
-    from otel_tracking.delivery import wait_handled
 
     t = Tracking("chaos", "run", default_backend=["file", "mlflow", "tensorboard"])
     link = t.logger["mlflow"].link
@@ -41,7 +50,7 @@ TRAINING = textwrap.dedent(
             t.log({"loss": 1.0 / (step + 1), "x": float(step)}, step)
         # "handed": the step left this process (written to the pipe). A SIGKILL loses what is still
         # in its memory, so the check holds the trackers to the steps handed over before the kill.
-        assert wait_handled(link._queue, 60)
+        assert link.wait_handed(60)
         print("logged", step, flush=True)
         time.sleep(0.01)
     t.finish()
@@ -75,15 +84,34 @@ def _wait_gone(pid: int, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def run_once(seed: int, root: Path) -> dict[str, Any]:
-    """One run: kill ``victim`` ('training' or 'bridge') after a random step, replay, read back."""
+def _wait_child(parent: int, timeout_s: float) -> set[int]:
+    """The child processes of ``parent``, once it has one."""
+    from tests.servers import live_children
+
+    deadline = time.monotonic() + timeout_s
+    while not (children := live_children(parent)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {parent} started no bridge process within {timeout_s:.0f} s")
+        time.sleep(0.01)
+    return children
+
+
+def run_once(seed: int, root: Path, victim: str | None = None) -> dict[str, Any]:
+    """One run: hurt ``victim`` (one of VICTIMS; by default the seed picks 'training' or 'bridge',
+    killed after a random step), replay, read back."""
     rng = random.Random(seed)
-    victim = rng.choice(["training", "bridge"])
+    picked = rng.choice(list(AT_A_STEP))
+    victim = victim or picked
     kill_after = rng.randrange(2, STEPS - 5)
     root.mkdir(parents=True, exist_ok=True)
+    path = str(REPO)
+    if victim == "sdk-import-crash":
+        (root / "crashing-sdk" / "mlflow").mkdir(parents=True, exist_ok=True)
+        (root / "crashing-sdk" / "mlflow" / "__init__.py").write_text(CRASHING_SDK)
+        path = os.pathsep.join([str(root / "crashing-sdk"), path])
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_", "TENSORBOARD_"))},
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": path,
         "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "TENSORBOARD_DIR": str(root / "tb"),
@@ -104,20 +132,30 @@ def run_once(seed: int, root: Path) -> dict[str, Any]:
     )
     assert process.stdout is not None
     bridge = 0
+    if victim == "bridge-at-start":
+        children = _wait_child(process.pid, 120)
+        time.sleep(0.3)  # the fault's timing: the bridge process is starting, no tracker is open
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+    read = []
     for line in process.stdout:
+        read.append(line)
         if line.startswith("bridge "):
             bridge = int(line.split()[1])
-        elif line.startswith("logged ") and int(line.split()[1]) >= kill_after:
+        elif line.startswith("logged ") and int(line.split()[1]) >= kill_after and victim in AT_A_STEP:
             os.kill(process.pid if victim == "training" else bridge, signal.SIGKILL)
             break
     out, err = process.communicate(timeout=300)
-    if victim == "bridge":
+    out = "".join(read) + out
+    if victim != "training":  # training goes on without its bridge process, and finishes
         assert process.returncode == 0 and "finished" in out, err
+    if victim in AT_THE_START:
+        assert err.count("the bridge process exited") == 1, err  # one warning, no error
     _wait_gone(bridge, 120)  # after the training process's death, it delivers what it had, then exits
     replay = subprocess.run(
         [sys.executable, "-m", "otel_tracking", "replay", str(root / "spool")],
         cwd=root,
-        env=env,
+        env={**env, "PYTHONPATH": str(REPO)},  # the real SDKs
         capture_output=True,
         text=True,
         timeout=300,
@@ -182,8 +220,8 @@ def main() -> int:
     args = parser.parse_args()
     totals = {"runs": 0, "logged": 0, "mlflow_missing": 0, "mlflow_duplicated": 0, "tensorboard_missing": 0}
     for seed in range(args.seed, args.seed + args.runs):
-        with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
-            result = run_once(seed, Path(tmp))
+        with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:  # every fault in turn; the seed times it
+            result = run_once(seed, Path(tmp), VICTIMS[seed % len(VICTIMS)])
         print(json.dumps(result), flush=True)
         totals["runs"] += 1
         for key in ("logged", "mlflow_missing", "mlflow_duplicated", "tensorboard_missing"):

@@ -263,7 +263,7 @@ def test_a_held_worker_delivers_what_waited_for_it_in_order_once_released() -> N
         lambda kind, batch: delivered.append(batch.step) or True,
         lambda f, n: None,
         None,
-        done=done.append,
+        done=lambda token, outcome: done.append(token),
         held=True,
     )
     for step in range(10):
@@ -291,7 +291,7 @@ def test_a_held_worker_spools_overflow_at_once_and_everything_once_given_up(tmp_
         lambda field, n: counts.update({field: n}),
         spool,
         Policy(queue_size=5),
-        done=done.append,
+        done=lambda token, outcome: done.append(token),
         held=True,
     )
     for step in range(8):
@@ -322,7 +322,7 @@ def test_a_worker_still_held_at_stop_waits_until_the_deadline_then_spools(tmp_pa
         lambda kind, batch: True,
         lambda f, n: counts.update({f: n}),
         Spool(tmp_path / "w.jsonl", {}),
-        done=done.append,
+        done=lambda token, outcome: done.append(token),
         held=True,
     )
     for step in range(3):

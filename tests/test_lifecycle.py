@@ -9,12 +9,15 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from otel_tracking import Tracking, trace_state
+from tests import readers_mlflow as mlflow_reader
 from tests.otlp_receiver import HttpReceiver, wait_for
+from tests.servers import DelayProxy, MlflowServer
 
 
 def child_env(receiver: HttpReceiver | None = None) -> dict[str, str]:
@@ -275,3 +278,52 @@ def test_the_exit_code_a_run_is_ended_with(isolated: Path) -> None:
             raise error
         record = isolated / "spool" / "proj" / f"exp-{tracking.run_id}" / "run.json"
         assert json.loads(record.read_text())["exit_code"] == code
+
+
+# --- finish() and a slow backend ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("bridge_process", ["true", "false"])  # the child's finish, and this process's
+def test_finish_waits_for_a_slow_backend_for_as_long_as_it_keeps_delivering(
+    bridge_process: str,
+    mlflow_server: MlflowServer,
+    isolated: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 19, item 4: MLflow takes at least 0.3 s a request (a proxy holds each one), so its 60
+    steps need longer (18 s) than the 3 s finish timeout, and than that timeout and the 10 s the
+    training process gives the bridge process beyond it; it never stops making progress, so
+    finish() delivers every step (nothing spooled), saying what it waits for, and the run is
+    complete."""
+    steps = 60
+    monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", bridge_process)
+    monkeypatch.setenv("OTEL_TRACKING_FINISH_TIMEOUT", "3")  # the bound for a backend that delivers nothing
+    monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", "300")  # MLflow opens (slowly) before log()
+    project = f"slow-{bridge_process}"
+    with DelayProxy(mlflow_server.port, delay_s=0.3) as proxy:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{proxy.port}")
+        tracking = Tracking(project, "run", default_backend=["mlflow"])
+        for step in range(steps):
+            tracking.log({"loss": 1.0 / (step + 1), "step_sq": step * step}, step)
+        stats = tracking.finish()
+    assert stats["mlflow"] == {"delivered": steps, "failed": 0, "retried": 0, "spooled": 0, "dropped": 0}
+    assert not list((isolated / "spool").rglob("*.jsonl"))
+    said = [r.getMessage() for r in caplog.records] + capfd.readouterr().err.splitlines()
+    assert any("still delivering to mlflow" in line for line in said), said  # the progress line
+
+    client = mlflow_reader.client(mlflow_server.uri)
+    run = mlflow_reader.only_run(client, client.get_experiment_by_name(project).experiment_id)
+    expected = sorted(
+        [("loss", s, 1.0 / (s + 1)) for s in range(steps)] + [("step_sq", s, s * s) for s in range(steps)]
+    )
+    assert mlflow_reader.metric_triples(client, run.info.run_id) == expected
+    assert run.info.status == "FINISHED"

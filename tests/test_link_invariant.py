@@ -2,8 +2,11 @@
 (killed, stopped and continued), whatever the queue sizes and flush deadlines, ``log()`` never
 raises or drops, and after ``finish()`` and ``otel-tracking replay`` TensorBoard, read back with
 its own reader, holds every logged step (at least once: the link redelivers what was not
-acknowledged).  The worker's own per-instant ledger is ``test_invariant.py``; this one drives
-the real child process through the real pipe."""
+acknowledged).  The link is a delivery worker too: at every moment its ledger balances (messages
+handed = on the pipe + in flight + queued + spooled + dropped) and has every logged step; after
+``finish()`` each step is counted once for TensorBoard (delivered, as acknowledged, or spooled).
+The worker's own per-instant ledger is ``test_invariant.py``; this one drives the real child
+process through the real pipe."""
 
 from __future__ import annotations
 
@@ -89,6 +92,13 @@ class LinkUnderFaults(RuleBasedStateMachine):
         if hasattr(self, "tracking"):
             assert self.tracking.logger["tensorboard"].stats.dropped == 0
 
+    @invariant()
+    def the_links_ledger_balances(self) -> None:
+        if hasattr(self, "tracking"):
+            ledger = self.link.ledger()
+            assert ledger.balanced(), ledger
+            assert ledger.handed == len(self.logged) and ledger.dropped == 0, (ledger, len(self.logged))
+
     def teardown(self) -> None:
         if not hasattr(self, "tracking"):
             return
@@ -98,6 +108,10 @@ class LinkUnderFaults(RuleBasedStateMachine):
                 self.link.process.send_signal(signal.SIGCONT)
             stats = self.tracking.finish()
             assert stats["tensorboard"]["dropped"] == 0, stats
+            counted = stats["tensorboard"]["delivered"] + stats["tensorboard"]["spooled"]
+            assert counted == len(self.logged), (stats, len(self.logged))  # each step once
+            ledger = self.link.ledger()
+            assert ledger.queued == ledger.in_flight == 0 and ledger.balanced(), ledger
             replay = subprocess.run(
                 [sys.executable, "-m", "otel_tracking", "replay", str(self.root / "spool")],
                 capture_output=True,

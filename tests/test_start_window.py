@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from otel_tracking import Tracking
+from otel_tracking import Tracking, trace_state
 from otel_tracking.settings import ConfigError
 from tests import readers_mlflow as mlflow_reader
 from tests.otlp_receiver import wait_for
@@ -377,7 +377,7 @@ def test_the_bridge_process_killed_while_a_tracker_opens_loses_nothing(
         for step in range(50):
             tracking.log({"loss": _loss(step), "step_sq": step * step}, step)
         link = tracking.logger["mlflow"].link
-        wait_for(lambda: link._queue.unfinished_tasks == 0, what="the link to hand every step over")
+        assert link.wait_handed(60)  # the link handed every step over
         link.process.kill()
         link.process.wait()
         stats = tracking.finish()
@@ -388,6 +388,80 @@ def test_the_bridge_process_killed_while_a_tracker_opens_loses_nothing(
     run = mlflow_reader.only_run(client, client.get_experiment_by_name("proj").experiment_id)
     assert mlflow_reader.metric_triples(client, run.info.run_id) == _expected(50)
     assert run.info.status == "FINISHED"  # finish() had exit code 0
+
+
+# --- the bridge process dies while the trackers open ---------------------------------------------------
+
+# A tracker SDK that crashes in native code as it is imported (a broken wheel, a bad CUDA library):
+# a package of the same name ahead of the real one on the path, in the bridge process only.
+CRASHING_SDK = "import ctypes\nctypes.string_at(0)  # SIGSEGV, in C\n"
+
+
+def _kill_when_it_starts(before: set[int], after_s: float) -> threading.Thread:
+    """SIGKILL the bridge process ``after_s`` after it appears (this process's new child)."""
+
+    def kill() -> None:
+        children = wait_for(lambda: live_children() - before, timeout_s=120, what="the bridge process to start")
+        time.sleep(after_s)  # the fault's timing: the child is still starting, the trackers not open
+        for pid in children:
+            _kill(pid)
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    return killer
+
+
+@pytest.mark.parametrize("fault", ["killed 0.3 s after it starts", "a tracker's SDK crashes at its import"])
+def test_the_bridge_process_dying_while_the_trackers_open_does_not_fail_tracking(
+    fault: str, isolated: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 19, item 1: Tracking() returns with one warning; the file sink and OTLP work as
+    usual; what is logged for the trackers is spooled by the training process, and after replay
+    every step is in MLflow and TensorBoard."""
+    from tests.otlp_receiver import HttpReceiver
+    from tests.test_backend_tensorboard import read_events
+
+    monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", "120")  # the fault comes within the window
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{isolated / 'mlflow.db'}")
+    monkeypatch.setenv("TENSORBOARD_DIR", str(isolated / "tb"))
+    crashing = isolated / "crashing-sdk"
+    (crashing / "mlflow").mkdir(parents=True)
+    (crashing / "mlflow" / "__init__.py").write_text(CRASHING_SDK)
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        if fault.startswith("killed"):
+            _kill_when_it_starts(live_children(), after_s=0.3)
+        else:
+            sys.path.insert(0, str(crashing))  # the bridge process takes this process's path
+        try:
+            tracking = _within(180, lambda: Tracking("proj", "exp", default_backend=["file", "mlflow", "tensorboard"]))
+        finally:
+            if str(crashing) in sys.path:
+                sys.path.remove(str(crashing))
+        gone = [r.getMessage() for r in caplog.records if "bridge process" in r.getMessage()]
+        assert len(gone) == 1 and "training goes on" in gone[0], gone
+        for step in range(20):
+            with trace_state("rollout", step=step):
+                pass
+            tracking.log({"loss": _loss(step), "step_sq": step * step}, step)
+        stats = tracking.finish()
+        assert len((isolated / "proj" / "exp.jsonl").read_text().splitlines()) == 20  # the file sink
+        wait_for(
+            lambda: len([s for s in receiver.received.spans() if s["name"] == "rollout"]) == 20,
+            what="every rollout span at the OTLP endpoint",
+        )
+    assert [r.getMessage() for r in caplog.records if "bridge process" in r.getMessage()] == gone  # one warning
+    for backend in ("mlflow", "tensorboard"):  # 20 steps, 20 rollout spans and their 20 step spans
+        assert stats[backend] == {"delivered": 0, "failed": 0, "retried": 0, "spooled": 60, "dropped": 0}, stats
+
+    _replay(isolated / "spool", f"sqlite:///{isolated / 'mlflow.db'}")
+    client = mlflow_reader.client(f"sqlite:///{isolated / 'mlflow.db'}")
+    run = mlflow_reader.only_run(client, client.get_experiment_by_name("proj").experiment_id)
+    triples = mlflow_reader.metric_triples(client, run.info.run_id)
+    assert [t for t in triples if not t[0].startswith("timing_s/")] == _expected(20)
+    assert run.info.status == "FINISHED"  # as the training run ended (the spool's end record)
+    scalars, _, _ = read_events(isolated / "tb")
+    assert scalars["loss"] == [(s, pytest.approx(_loss(s))) for s in range(20)]
 
 
 # --- the training process dies ----------------------------------------------------------------------
@@ -402,8 +476,7 @@ ORPHANED = textwrap.dedent(
         t.log({"loss": 1.0 / (step + 1)}, step)
     # handed to the pipe before the kill (under load the link thread lags; what it still held would
     # die with this process, as it must: this test is about what the bridge process was handed)
-    from otel_tracking.delivery import wait_handled
-    assert wait_handled(t.logger["mlflow"].link._queue, 60)
+    assert t.logger["mlflow"].link.wait_handed(60)
     holder = os.fork()  # like a data loader worker: it holds the pipe to the bridge process open
     if holder == 0:
         time.sleep(600)
