@@ -25,6 +25,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_tracking import semconv
 from otel_tracking.delivery import Policy, Spool, Worker, item_count
 from otel_tracking.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
 from otel_tracking.redact import scrub_text
@@ -228,7 +229,7 @@ class Sink:
         self._submit("logs", records)
 
     def _is_named(self, item: ReadableLogRecord) -> bool:
-        backends = (item.log_record.attributes or {}).get("ml.backends")
+        backends = (item.log_record.attributes or {}).get(semconv.EVENT_BACKENDS)
         return not isinstance(backends, (list, tuple)) or self.name in backends
 
     def finish(self, exit_code: int, timeout_s: float = 30.0, since: float | None = None) -> None:

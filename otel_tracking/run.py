@@ -35,7 +35,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer
 
-from otel_tracking import __version__
+from otel_tracking import __version__, semconv
 from otel_tracking.carrier import extract_env, has_span, step_from, with_identity
 from otel_tracking.delivery import Spool
 from otel_tracking.ids import ID_GENERATOR
@@ -130,18 +130,18 @@ def build_resource(settings: Settings) -> Resource:
         {
             "service.name": settings.service_name,
             "service.instance.id": settings.run_id,
-            "ml.project": settings.project,
-            "ml.experiment": settings.experiment,
-            "ml.run.id": settings.run_id,
-            "ml.run.attempt": settings.attempt,
+            semconv.PROJECT: settings.project,
+            semconv.EXPERIMENT: settings.experiment,
+            semconv.RUN_ID: settings.run_id,
+            semconv.RUN_ATTEMPT: settings.attempt,
             "host.name": settings.host,
             "process.pid": os.getpid(),
         }
     )
     if settings.rank is not None:
-        attributes["ml.rank"] = settings.rank
+        attributes[semconv.RANK] = settings.rank
     if settings.role:
-        attributes["ml.role"] = settings.role
+        attributes[semconv.ROLE] = settings.role
     created = Resource.create(attributes)
     kept = {k: redact(v) for k, v in created.attributes.items() if not is_secret_key(k)}
     return Resource(kept, created.schema_url)
@@ -239,12 +239,12 @@ class Run:
         self.driver = driver
         self.process_worker = False  # the run worker.py builds for a process without Tracking
         self.identity = {
-            "ml.project": settings.project,
-            "ml.experiment": settings.experiment,
-            "ml.run.id": settings.run_id,
+            semconv.PROJECT: settings.project,
+            semconv.EXPERIMENT: settings.experiment,
+            semconv.RUN_ID: settings.run_id,
         }
         if settings.attempt > 1:  # workers' resources say the attempt too (a fresh run's baggage is unchanged)
-            self.identity["ml.run.attempt"] = str(settings.attempt)
+            self.identity[semconv.RUN_ATTEMPT] = str(settings.attempt)
         self.pid = os.getpid()
         self.resource = build_resource(settings)
         self.sinks = list(sinks)
@@ -331,7 +331,7 @@ class Run:
                 self._step_span = self.tracer.start_span(
                     STEP_SPAN_NAME,
                     context=Context(),  # a root: one trace per step
-                    attributes={"ml.step": self.step_in_progress()},
+                    attributes={semconv.STEP: self.step_in_progress()},
                     start_time=self._step_started_ns,
                 )
             ctx = trace.set_span_in_context(self._step_span, ctx)
@@ -343,7 +343,7 @@ class Run:
             self._step_started_ns = now_ns
         if span is not None:
             if step is not None:
-                span.set_attribute("ml.step", step)
+                span.set_attribute(semconv.STEP, step)
             span.set_attributes(attributes)
             span.end(end_time=now_ns)
 

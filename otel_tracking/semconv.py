@@ -1,5 +1,7 @@
-"""The ``ml.*`` names otel-tracking writes: span and log attributes, baggage keys, resource
-attributes, event names and the step span.  It imports nothing, so any layer may use it."""
+"""Every ``ml.*`` name otel-tracking writes, in one place: span and log attributes, baggage keys,
+resource attributes, event names and the step span.  The runtime imports these instead of spelling
+a name out (the tests do spell them: they hold the names to what users see).  It imports nothing,
+so any layer may use it."""
 
 from __future__ import annotations
 

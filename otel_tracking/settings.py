@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from opentelemetry.util.re import parse_env_headers
 
+from otel_tracking import semconv
 from otel_tracking.carrier import extract_env, identity_from
 from otel_tracking.delivery import Policy
 from otel_tracking.redact import redact_header_values, scrub_text
@@ -394,8 +395,8 @@ def identity_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
     attributes: dict[str, str] = {}
     if "OTEL_RESOURCE_ATTRIBUTES" in e:
         attributes = parse_key_value_list(e["OTEL_RESOURCE_ATTRIBUTES"], "OTEL_RESOURCE_ATTRIBUTES")
-    project = attributes.get("ml.project") or e.get("OTEL_SERVICE_NAME") or "otel-tracking"
-    experiment = attributes.get("ml.experiment") or "run"
+    project = attributes.get(semconv.PROJECT) or e.get("OTEL_SERVICE_NAME") or "otel-tracking"
+    experiment = attributes.get(semconv.EXPERIMENT) or "run"
     return project, experiment
 
 
@@ -422,17 +423,17 @@ def build_worker_settings(
     default_project, default_experiment = identity_from_env(e)
     # The run id a caller's baggage names is used as it is (only its spool path is made safe): a
     # worker's span must not fail on what another process sent.  OTEL_TRACKING_RUN_ID is checked.
-    run_id = identity.get("ml.run.id") or (None if "OTEL_TRACKING_RUN_ID" in e else attributes.get("ml.run.id"))
+    run_id = identity.get(semconv.RUN_ID) or (None if "OTEL_TRACKING_RUN_ID" in e else attributes.get(semconv.RUN_ID))
     settings = build_settings(
-        project or identity.get("ml.project") or default_project,
-        experiment or identity.get("ml.experiment") or default_experiment,
+        project or identity.get(semconv.PROJECT) or default_project,
+        experiment or identity.get(semconv.EXPERIMENT) or default_experiment,
         (),
         env=e,
         force_otlp=force_otlp,
         resume=NEVER,  # a worker joins the driver's attempt; it never looks for records of its own
         run_id=run_id or None,
     )
-    attempt = identity.get("ml.run.attempt") or attributes.get("ml.run.attempt")
+    attempt = identity.get(semconv.RUN_ATTEMPT) or attributes.get(semconv.RUN_ATTEMPT)
     if attempt and str(attempt).isdigit() and int(attempt) > 1:
         settings = replace(settings, attempt=int(attempt))
     if "OTEL_BSP_SCHEDULE_DELAY" not in e:
@@ -475,8 +476,8 @@ def propagated_env(
         attributes = parse_key_value_list(out.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES")
         attributes.update(identity)
         out["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(f"{quote(k)}={quote(v)}" for k, v in attributes.items())
-        if identity.get("ml.run.id"):
-            out["OTEL_TRACKING_RUN_ID"] = identity["ml.run.id"]
+        if identity.get(semconv.RUN_ID):
+            out["OTEL_TRACKING_RUN_ID"] = identity[semconv.RUN_ID]
     return out
 
 

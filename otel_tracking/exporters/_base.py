@@ -33,7 +33,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking import settings
+from otel_tracking import semconv, settings
 from otel_tracking.otel_compat import LogRecordExporter, LogRecordExportResult
 from otel_tracking.redact import scrub_text
 from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
@@ -189,7 +189,7 @@ class Event:
         attributes = dict(record.attributes or {})
         raw = attributes.get(STEP_ATTRIBUTE)
         step = int(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
-        key = attributes.get("ml.key")
+        key = attributes.get(semconv.EVENT_KEY)
         body = record.body if isinstance(record.body, Mapping) else {}
         time_ns = record.timestamp or record.observed_timestamp or 0
         return cls(record.event_name or "", step, str(key) if key is not None else None, body, attributes, time_ns)

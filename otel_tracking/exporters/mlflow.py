@@ -54,6 +54,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from otel_tracking import semconv
 from otel_tracking.exporters._base import (
     BridgeContext,
     BridgeParts,
@@ -75,7 +76,7 @@ DEFAULT_TRACKING_URI = "sqlite:////tmp/mlruns.db"
 INIT_ATTEMPTS = 3
 INIT_RETRY_SLEEP_S = 5.0  # as the reference; tests set it small
 _INVALID = "INVALID_PARAMETER_VALUE"
-ATTEMPT_TAG = "ml.run.attempt"  # on a resumed run: its attempt number (no tag: attempt 1)
+ATTEMPT_TAG = semconv.RUN_ATTEMPT  # on a resumed run: its attempt number (no tag: attempt 1)
 _LINK_BATCH = 100  # MlflowClient.link_traces_to_run takes at most 100 trace ids per call
 
 
