@@ -174,13 +174,13 @@ TRACE_TAG_PREFIX = "mlflow.traceTag."
 TRACE_NAME_ATTRIBUTE = TRACE_TAG_PREFIX + "mlflow.traceName"
 SPAN_INPUTS_ATTRIBUTE = "mlflow.spanInputs"
 SPAN_OUTPUTS_ATTRIBUTE = "mlflow.spanOutputs"
-_HEADLINE = re.compile(r"loss|score|reward|acc|kl|entropy", re.IGNORECASE)
+_HEADLINE = re.compile(r"^(?!timing).*(loss|score|reward|acc|kl|entropy)", re.IGNORECASE)  # not phase times
 _REMEMBERED_STEPS = 8  # a step's root span arrives right after its log(): a few steps suffice
 
 
 def headline_first(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """The metrics in their logged order, those a reader looks for first (loss, score, reward,
-    accuracy, KL, entropy) ahead of the rest: what a truncated preview keeps."""
+    accuracy, KL, entropy; not the timings) ahead of the rest: what a truncated preview keeps."""
     first = {key: value for key, value in metrics.items() if _HEADLINE.search(key)}
     return {**first, **{key: value for key, value in metrics.items() if key not in first}}
 
@@ -566,15 +566,16 @@ class MlflowSession(BridgeSession):
             self.client.link_traces_to_run(roots[start : start + _LINK_BATCH], self.run_id)
 
     def _describe_step_trace(self, root: Any) -> None:
-        """What MLflow's trace list shows of a step's trace, set on its root span (an OTLP span
-        proto) in the attributes MLflow reads: the name ``step N``, the tag ``ml.step``, the
-        request ``{"step": N}`` and the response: that step's metrics, the headline ones first."""
+        """What MLflow shows of a step's trace, set on its root span (an OTLP span proto, MLflow's
+        copy): the trace's and the root span's name ``step N``, the tag ``ml.step``, the request
+        ``{"step": N}`` and the response: that step's metrics, the headline ones first."""
         from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
         step = next((attr.value.int_value for attr in root.attributes if attr.key == STEP_ATTRIBUTE), None)
         if step is None:
             return
         metrics = self._step_metrics.get(step, {})
+        root.name = f"step {step}"  # the trace's top row in MLflow's trace view (elsewhere it stays ml.step)
         described = {
             TRACE_NAME_ATTRIBUTE: AnyValue(string_value=f"step {step}"),
             TRACE_TAG_PREFIX + STEP_ATTRIBUTE: AnyValue(string_value=str(step)),

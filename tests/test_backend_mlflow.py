@@ -263,8 +263,9 @@ def test_spans_become_timing_metrics_and_traces(store: Store) -> None:
     by_first = {under_root(t): t for t in found}
     assert set(by_first) == {"step", "eval"}
     spans = {s.name: s for s in by_first["step"].data.spans}
-    assert set(spans) == {"ml.step", "step", "gen@rollout", "update"}
-    assert spans["step"].parent_id == spans["ml.step"].span_id and spans["ml.step"].parent_id is None
+    # the driver's ml.step root is named after its step in MLflow's copy (its trace's top row)
+    assert set(spans) == {"step 2", "step", "gen@rollout", "update"}
+    assert spans["step"].parent_id == spans["step 2"].span_id and spans["step 2"].parent_id is None
     root = spans["step"]
     assert spans["gen@rollout"].parent_id == root.span_id and spans["update"].parent_id == root.span_id
     assert root.attributes["ml.lane"] == 0 and root.attributes["ml.step"] == 2
@@ -580,7 +581,7 @@ def test_each_step_is_one_value_per_timing_key_and_a_trace_named_after_its_step(
                 worker.start()
             for worker in workers:
                 worker.join()
-        tracking.log({"perf/throughput": 100.0 * step, "actor/pg_loss": -0.5 * step}, step=step)
+        tracking.log({"timing_s/reward": 0.25, "perf/throughput": 100.0 * step, "actor/pg_loss": -0.5 * step}, step=step)
     tracking.finish()
     # the link the end-of-run summary prints opens the training view, not the GenAI one
     assert f"in MLflow's UI: (mlflow ui) #/experiments/{experiment_id}?workflowType=machine_learning" in (
@@ -593,9 +594,11 @@ def test_each_step_is_one_value_per_timing_key_and_a_trace_named_after_its_step(
     for trace in found:
         step = int(trace.info.tags["ml.step"])
         assert trace.info.tags["mlflow.traceName"] == f"step {step}"
+        assert [s.name for s in trace.data.spans if s.parent_id is None] == [f"step {step}"]
         assert json.loads(trace.info.request_preview) == {"step": step}
         assert list(json.loads(trace.info.response_preview).items()) == [
-            ("actor/pg_loss", -0.5 * step),  # the headline metric first
+            ("actor/pg_loss", -0.5 * step),  # the headline metric first (a phase time is not one)
+            ("timing_s/reward", 0.25),
             ("perf/throughput", 100.0 * step),
         ]
         lanes = [s for s in trace.data.spans if s.name == "generate"]
