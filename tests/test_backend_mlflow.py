@@ -581,7 +581,8 @@ def test_each_step_is_one_value_per_timing_key_and_a_trace_named_after_its_step(
                 worker.start()
             for worker in workers:
                 worker.join()
-        tracking.log({"timing_s/reward": 0.25, "perf/throughput": 100.0 * step, "actor/pg_loss": -0.5 * step}, step=step)
+        metrics = {"timing_s/reward": 0.25, "perf/throughput": 100.0 * step, "actor/pg_loss": -0.5 * step}
+        tracking.log(metrics, step=step)
     tracking.finish()
     # the link the end-of-run summary prints opens the training view, not the GenAI one
     assert f"in MLflow's UI: (mlflow ui) #/experiments/{experiment_id}?workflowType=machine_learning" in (
