@@ -13,10 +13,10 @@ wandb has no web viewer offline: ``wandb leet inspect --summary`` is its text vi
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +32,9 @@ from tests.viewers import Browser, Server
 
 pytestmark = [pytest.mark.backend, pytest.mark.stack]
 
+REPO = Path(__file__).resolve().parents[1]
 PROJECT, EXPERIMENT = "otel-tracking-demo", "grpo-simulated"
 STEPS, VAL_EVERY, LANES = 12, 5, 4
-BACKENDS = "file,tensorboard,mlflow,trackio,wandb"
 
 
 @dataclass
@@ -44,6 +44,7 @@ class DemoRun:
     stdout: str
     lines: list[dict[str, Any]]  # the JSONL file: what was logged, step by step
     stack: Stack
+    ended_at: float  # when the demo had exited (Unix time)
 
     def logged(self, key: str) -> dict[int, float]:
         return {line["step"]: line["data"][key] for line in self.lines if key in line["data"]}
@@ -55,23 +56,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
     stack = Stack(root / "stack", Ports.free(), binaries=ensure_binaries(), spanmetrics_flush="1s")
     stack.start()
     try:
-        cwd, home = root / "cwd", root / "home"
-        cwd.mkdir()
-        home.mkdir()
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "TRACKIO_"))},
-            "HOME": str(home),
-            "MLFLOW_DISABLE_TELEMETRY": "true",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": stack.otlp_http_endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        }
-        command = [str(Path(sys.executable).with_name("otel-tracking")), "demo", "--backends", BACKENDS]
-        command += ["--steps", str(STEPS), "--val-every", str(VAL_EVERY), "--lanes", str(LANES), "--out", "run"]
-        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        out = cwd / "run"
+        out, stdout = viewers.run_demo(root, stack.otlp_http_endpoint, STEPS, VAL_EVERY, LANES)
+        ended_at = time.time()
         lines = [json.loads(line) for line in (out / f"{EXPERIMENT}.jsonl").read_text().splitlines()]
-        yield DemoRun(out, cwd, done.stdout, lines, stack)
+        yield DemoRun(out, out.parent, stdout, lines, stack, ended_at)
     finally:
         stack.stop()
 
@@ -246,6 +234,38 @@ def test_prometheus_graph_page_shows_the_runs_gauges(demo: DemoRun, opened: View
     query = urllib.parse.urlencode({"g0.expr": "actor_pg_loss", "g0.tab": "1"})
     page = opened.browser.page(f"{demo.stack.prometheus_url}/graph?{query}")
     page.wait_for_text(["actor_pg_loss{", f'ml_experiment="{EXPERIMENT}"', f'ml_project="{PROJECT}"', str(last)])
+
+
+def test_every_grafana_panel_answers_for_the_demos_run(demo: DemoRun) -> None:
+    """The dashboard queries what the demo logs (``actor/pg_loss`` is ``actor_pg_loss``) and what
+    its spans carry (the rollout lanes' ``generate`` spans): every panel has data for this run."""
+    import importlib.util
+
+    path = REPO / "deploy" / "grafana" / "panel_queries.py"
+    spec = importlib.util.spec_from_file_location("otel_tracking_panel_queries", path)
+    assert spec is not None and spec.loader is not None
+    panel_queries = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = panel_queries  # its dataclass looks its module up there
+    spec.loader.exec_module(panel_queries)
+    queries = panel_queries.all_queries(variables={"ml_project": PROJECT, "ml_experiment": EXPERIMENT})
+
+    # The rate panels look back one minute ($__rate_interval): ask as of shortly after the run,
+    # once Prometheus has scraped that far (the last step's gauge is there at that time).
+    at = demo.ended_at + 20
+    step = f'train_step{{ml_experiment="{EXPERIMENT}"}}'
+
+    def scraped_until_then() -> bool:
+        found = demo.stack.prom_query(f"timestamp({step})", time_=at)
+        return bool(found) and float(found[0]["value"][1]) >= at - 3  # samples 1 s apart reach that time
+
+    viewers.wait_for(scraped_until_then, 180, "Prometheus to have scraped until 20 s after the demo")
+    assert [float(r["value"][1]) for r in demo.stack.prom_query(step, time_=at)] == [STEPS]
+    unanswered = [f"{q.panel_title}: {q.query}" for q in queries if not demo.stack.prom_query(q.query, time_=at)]
+    assert not unanswered
+    (lanes,) = [q for q in queries if q.panel_type == "state-timeline"]
+    # each of the demo's rollout lanes shows as generating (1), from its generate spans
+    found = {r["metric"]["ml_lane"]: float(r["value"][1]) for r in demo.stack.prom_query(lanes.query, time_=at)}
+    assert found == {str(lane): 1.0 for lane in range(LANES)}
 
 
 # --- wandb's terminal viewer -----------------------------------------------------------------------

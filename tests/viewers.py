@@ -133,6 +133,32 @@ def trackio_show(trackio_dir: Path, project: str, log_dir: Path) -> Server:
     return Server("trackio", [str(BIN / "trackio"), "show", "--project", project], port, log_dir, env)
 
 
+# --- the run ---------------------------------------------------------------------------------------
+
+DEMO_BACKENDS = "file,tensorboard,mlflow,trackio,wandb"
+
+
+def run_demo(root: Path, otlp_endpoint: str, steps: int = 12, val_every: int = 5, lanes: int = 4) -> tuple[Path, str]:
+    """``otel-tracking demo`` as a user runs it, in ``root/cwd`` with its own home and ``--out run``,
+    its OTLP to ``otlp_endpoint``; (the --out directory, what it printed)."""
+    cwd, home = root / "cwd", root / "home"
+    cwd.mkdir()
+    home.mkdir()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "TRACKIO_"))},
+        "HOME": str(home),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+    }
+    command = [str(BIN / "otel-tracking"), "demo", "--backends", DEMO_BACKENDS, "--steps", str(steps)]
+    command += ["--val-every", str(val_every), "--lanes", str(lanes), "--out", "run"]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise ViewerError(f"the demo failed ({done.returncode}): {done.stderr[-3000:]}")
+    return cwd / "run", done.stdout
+
+
 # --- the browser ---------------------------------------------------------------------------------
 
 
@@ -303,6 +329,7 @@ __all__ = [
     "free_port",
     "http_json",
     "mlflow_ui",
+    "run_demo",
     "tensorboard",
     "trackio_show",
     "wait_for",
