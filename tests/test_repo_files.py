@@ -7,13 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tomllib
-
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_license_file_is_the_apache_license_pyproject_names() -> None:
-    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"] == "Apache-2.0"
+    assert 'license = "Apache-2.0"' in (REPO / "pyproject.toml").read_text().splitlines()
     text = (REPO / "LICENSE").read_text()
     assert text.split("\n", 2)[:2] == [" " * 33 + "Apache License", " " * 27 + "Version 2.0, January 2004"]
     assert "END OF TERMS AND CONDITIONS" in text and "http://www.apache.org/licenses/LICENSE-2.0" in text
