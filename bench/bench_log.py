@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib
 import json
 import os
 import platform
@@ -87,8 +86,13 @@ def env(**values: str) -> Iterator[None]:
 
 
 def reference_factory() -> Callable[..., Any]:
-    sys.path.insert(0, str(SHARED / "baseline"))
-    return importlib.import_module("seed_tracking").Tracking
+    """The reference's Tracking, found as the tests find it (tests/reference.py): shared/baseline
+    beside the repository, else verl's own tracking.py from PyPI."""
+    from tests import reference
+
+    module, which = reference.load(SHARED)
+    print(f"reference: {which}", file=sys.stderr)
+    return module.Tracking
 
 
 def ours_factory() -> Callable[..., Any]:

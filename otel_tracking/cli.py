@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -11,68 +10,28 @@ from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from otel_tracking.demo import run_demo
+    from otel_tracking.demo import DemoPlaces, run_demo
 
     backends = [name.strip() for name in args.backends.split(",") if name.strip()]
-    out = Path(args.out).resolve()
-    # The demo writes under --out unless the caller's environment already says where.
-    os.environ.setdefault("VERL_FILE_LOGGER_ROOT", str(out))
-    os.environ.setdefault("TENSORBOARD_DIR", str(out / "tensorboard"))
-    os.environ.setdefault("SWANLAB_LOG_DIR", str(out / "swanlog"))
-    os.environ.setdefault("SWANLAB_MODE", "offline")
-    os.environ.setdefault("TRACKIO_DIR", str(out / "trackio"))
-    os.environ.setdefault("WANDB_MODE", "offline")
-    for variable, folder in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "wandb-cache"), ("WANDB_DATA_DIR", "wandb-data")):
-        os.environ.setdefault(variable, str(out / folder))
-    os.environ.setdefault("WANDB_CONFIG_DIR", str(out / "wandb-config"))
-    os.environ.setdefault("OTEL_TRACKING_SPOOL_DIR", str(out / "spool"))
-    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{out / 'mlflow.db'}")
-    if "clearml" in backends:
-        _clearml_offline(out)
-    tracking = run_demo(steps=args.steps, backends=backends, val_every=args.val_every, lanes=args.lanes)
+    places = DemoPlaces(Path(args.out).resolve(), project="otel-tracking-demo", experiment="grpo-simulated")
+    places.use(backends)  # the demo writes under --out unless the caller's environment already says where
+    tracking = run_demo(
+        steps=args.steps,
+        backends=backends,
+        val_every=args.val_every,
+        lanes=args.lanes,
+        project=places.project,
+        experiment=places.experiment,
+    )
     print("\nThe run is done. Where each sink wrote:")
     for name, where in tracking.where().items():
         print(f"  {name:>12}: {where}")
-    hints = _what_next(backends)
+    hints = places.next_steps(backends)
     if hints:
         print("\nTo look at it:")
         for hint in hints:
             print(f"  {hint}")
     return 0
-
-
-def _clearml_offline(out: Path) -> None:
-    """ClearML needs a server or a config file before Task.init; the demo gives it an offline one
-    whose cache (where offline sessions go) is under --out.  ClearML still keeps a small
-    ``~/.clearml/.session.json``: its location is fixed to the home folder."""
-    os.environ.setdefault("CLEARML_OFFLINE_MODE", "1")
-    if "CLEARML_CONFIG_FILE" in os.environ:
-        return
-    config = out / "clearml.conf"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    # report_use_subprocess off: else closing the task waits ~11 s for ClearML's reporter process.
-    config.write_text(
-        "sdk {\n"
-        "  development { report_use_subprocess: false }\n"
-        f"  storage {{ cache {{ default_base_dir: {json.dumps(str(out / 'clearml'))} }} }}\n"
-        "}\n"
-    )
-    os.environ["CLEARML_CONFIG_FILE"] = str(config)
-
-
-def _what_next(backends: Sequence[str]) -> list[str]:
-    """Commands that show this run, for the backends it used."""
-    hints = []
-    if "tensorboard" in backends:
-        hints.append(f"tensorboard --logdir {os.environ['TENSORBOARD_DIR']}")
-    if "mlflow" in backends:
-        uri = os.environ["MLFLOW_TRACKING_URI"]
-        hints.append(f"mlflow ui --backend-store-uri {uri}   # needs the full mlflow package: pip install mlflow")
-    if "trackio" in backends:
-        hints.append(f"TRACKIO_DIR={os.environ['TRACKIO_DIR']} trackio show")
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        hints.append("otel-tracking stack status   # the Jaeger API and Prometheus URLs of the local stack")
-    return hints
 
 
 def _stack(args: argparse.Namespace) -> int:

@@ -9,14 +9,18 @@ follow smooth curves with noise from a fixed seed, so two runs log the same numb
 from __future__ import annotations
 
 import contextvars
+import json
 import math
+import os
 import random
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_tracking.exporters.mlflow import mlflow_training_view
 from otel_tracking.facade import Tracking
 from otel_tracking.generations import ValidationGenerationsLogger
 from otel_tracking.spans import trace_state
@@ -64,6 +68,98 @@ def step_metrics(step: int, rng: random.Random, timings: dict[str, float]) -> di
     return metrics
 
 
+@dataclass
+class DemoPlaces:
+    """Where the demo's local sinks write (all under ``out``), and the commands that show the run."""
+
+    out: Path
+    project: str
+    experiment: str
+    mlflow_experiment_id: str | None = None
+
+    def use(self, backends: Sequence[str]) -> None:
+        """Point every local sink under ``out``, unless the caller's environment already says where:
+        each in the layout its viewer expects (TensorBoard: ``<root>/<project>/<experiment>``, as
+        verl writes it, so that TensorBoard names the run), none in the working directory."""
+        out = self.out
+        defaults = {
+            "VERL_FILE_LOGGER_PATH": out / f"{self.experiment}.jsonl",
+            "TENSORBOARD_DIR": out / "tensorboard" / self.project / self.experiment,
+            "SWANLAB_LOG_DIR": out / "swanlog",
+            "SWANLAB_MODE": "offline",
+            "TRACKIO_DIR": out / "trackio",
+            "WANDB_MODE": "offline",
+            "WANDB_DIR": out,
+            "WANDB_CACHE_DIR": out / "wandb-cache",
+            "WANDB_DATA_DIR": out / "wandb-data",
+            "WANDB_CONFIG_DIR": out / "wandb-config",
+            "OTEL_TRACKING_SPOOL_DIR": out / "spool",
+            "MLFLOW_TRACKING_URI": f"sqlite:///{out / 'mlflow.db'}",
+        }
+        for variable, value in defaults.items():
+            os.environ.setdefault(variable, str(value))
+        if "mlflow" in backends:
+            self.mlflow_experiment_id = _mlflow_experiment(self.project, out / "mlflow-artifacts")
+        if "clearml" in backends:
+            _clearml_offline(out)
+
+    def next_steps(self, backends: Sequence[str]) -> list[str]:
+        """Commands that open each viewer on this run."""
+        hints = []
+        if "tensorboard" in backends:
+            run_dir = Path(os.environ["TENSORBOARD_DIR"])
+            # Its parent, so that TensorBoard names the run after the experiment (on the run's own
+            # directory it would call it ".").
+            logdir = run_dir.parent if run_dir.name == self.experiment else run_dir
+            hints.append(f"tensorboard --logdir {logdir}")
+        if "mlflow" in backends:
+            uri = os.environ["MLFLOW_TRACKING_URI"]
+            hints.append(f"mlflow ui --backend-store-uri {uri} --port 5000   # needs the full mlflow package")
+            if self.mlflow_experiment_id is not None:
+                hints.append(f"  then open {MLFLOW_UI}{mlflow_training_view(self.mlflow_experiment_id)}")
+        if "trackio" in backends:
+            hints.append(f"TRACKIO_DIR={os.environ['TRACKIO_DIR']} trackio show --project {self.project}")
+        if "wandb" in backends:
+            hints.append(f"wandb leet {os.environ['WANDB_DIR']}/wandb/latest-run   # wandb's terminal viewer")
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            hints.append("otel-tracking stack status   # the Jaeger API and Prometheus URLs of the local stack")
+        return hints
+
+
+MLFLOW_UI = "http://127.0.0.1:5000/"
+
+
+def _mlflow_experiment(project: str, artifacts: Path) -> str:
+    """MLflow keeps a new experiment's artifacts in ``./mlruns`` of the working directory unless the
+    experiment is made with a location: the demo makes it, its artifacts under ``--out``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name(project)
+    if experiment is not None:
+        return str(experiment.experiment_id)
+    return str(client.create_experiment(project, artifact_location=artifacts.as_uri()))
+
+
+def _clearml_offline(out: Path) -> None:
+    """ClearML needs a server or a config file before Task.init; the demo gives it an offline one
+    whose cache (where offline sessions go) is under --out.  ClearML still keeps a small
+    ``~/.clearml/.session.json``: its location is fixed to the home folder."""
+    os.environ.setdefault("CLEARML_OFFLINE_MODE", "1")
+    if "CLEARML_CONFIG_FILE" in os.environ:
+        return
+    config = out / "clearml.conf"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    # report_use_subprocess off: else closing the task waits ~11 s for ClearML's reporter process.
+    config.write_text(
+        "sdk {\n"
+        "  development { report_use_subprocess: false }\n"
+        f"  storage {{ cache {{ default_base_dir: {json.dumps(str(out / 'clearml'))} }} }}\n"
+        "}\n"
+    )
+    os.environ["CLEARML_CONFIG_FILE"] = str(config)
+
+
 def _rollout_worker(lane: int, step: int, pause_s: float) -> None:
     with trace_state("generate", state_lane_id=lane, step=step, worker=f"vllm-{lane}"):
         time.sleep(pause_s)
@@ -72,7 +168,6 @@ def _rollout_worker(lane: int, step: int, pause_s: float) -> None:
 def run_demo(
     steps: int = 20,
     backends: Sequence[str] = DEFAULT_BACKENDS,
-    out: Path | None = None,
     val_every: int = 10,
     lanes: int = 4,
     pause_s: float = 0.002,

@@ -263,8 +263,9 @@ def test_spans_become_timing_metrics_and_traces(store: Store) -> None:
     by_first = {under_root(t): t for t in found}
     assert set(by_first) == {"step", "eval"}
     spans = {s.name: s for s in by_first["step"].data.spans}
-    assert set(spans) == {"ml.step", "step", "gen@rollout", "update"}
-    assert spans["step"].parent_id == spans["ml.step"].span_id and spans["ml.step"].parent_id is None
+    # the driver's ml.step root is named after its step in MLflow's copy (its trace's top row)
+    assert set(spans) == {"step 2", "step", "gen@rollout", "update"}
+    assert spans["step"].parent_id == spans["step 2"].span_id and spans["step 2"].parent_id is None
     root = spans["step"]
     assert spans["gen@rollout"].parent_id == root.span_id and spans["update"].parent_id == root.span_id
     assert root.attributes["ml.lane"] == 0 and root.attributes["ml.step"] == 2
@@ -561,3 +562,66 @@ def test_replay_into_an_unreachable_mlflow_keeps_the_file_and_says_so(isolated: 
     assert f"{path}: not replayed (the backend did not open); kept for the next replay" in done.stderr
     assert "AttributeError" not in done.stderr
     assert path.read_bytes() == before
+
+
+def test_each_step_is_one_value_per_timing_key_and_a_trace_named_after_its_step(store: Store) -> None:
+    """Four lanes of ``generate`` in a step: one ``timing_s/state/generate`` per step (MLflow keeps
+    every point, so four would draw a sawtooth), plus ``.../slowest``.  Each step's trace is named
+    ``step N``, tagged ``ml.step``, and its previews say the step and its metrics (loss first)."""
+    import contextvars
+
+    name, experiment_id = store.experiment()
+    tracking = Tracking(name, "lanes", default_backend=["mlflow"])
+    for step in (1, 2):
+        with trace_state("rollout", step=step):
+            workers = [
+                threading.Thread(target=contextvars.copy_context().run, args=(_lane, lane, step)) for lane in range(4)
+            ]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+        metrics = {"timing_s/reward": 0.25, "perf/throughput": 100.0 * step, "actor/pg_loss": -0.5 * step}
+        tracking.log(metrics, step=step)
+    tracking.finish()
+    # the link the end-of-run summary prints opens the training view, not the GenAI one
+    assert f"in MLflow's UI: (mlflow ui) #/experiments/{experiment_id}?workflowType=machine_learning" in (
+        tracking.where()["mlflow"]
+    )
+
+    run = store.run(experiment_id)
+    found = readers.traces(store.client, experiment_id)
+    assert sorted(t.info.tags["mlflow.traceName"] for t in found) == ["step 1", "step 2"]
+    for trace in found:
+        step = int(trace.info.tags["ml.step"])
+        assert trace.info.tags["mlflow.traceName"] == f"step {step}"
+        assert [s.name for s in trace.data.spans if s.parent_id is None] == [f"step {step}"]
+        assert json.loads(trace.info.request_preview) == {"step": step}
+        assert list(json.loads(trace.info.response_preview).items()) == [
+            ("actor/pg_loss", -0.5 * step),  # the headline metric first (a phase time is not one)
+            ("timing_s/reward", 0.25),
+            ("perf/throughput", 100.0 * step),
+        ]
+        lanes = [s for s in trace.data.spans if s.name == "generate"]
+        assert len(lanes) == 4  # each lane's span is still in the trace
+        wall = (max(s.end_time_ns for s in lanes) - min(s.start_time_ns for s in lanes)) / 1e9
+        slowest = max(s.end_time_ns - s.start_time_ns for s in lanes) / 1e9
+        history = {
+            key: [(m.step, m.value) for m in store.client.get_metric_history(run.info.run_id, key) if m.step == step]
+            for key in ("timing_s/state/generate", "timing_s/state/generate/slowest", "timing_s/state/rollout")
+        }
+        assert history["timing_s/state/generate"] == [(step, pytest.approx(wall))]
+        assert history["timing_s/state/generate/slowest"] == [(step, pytest.approx(slowest))]
+        assert len(history["timing_s/state/rollout"]) == 1
+
+
+def _lane(lane: int, step: int) -> None:
+    with trace_state("generate", state_lane_id=lane, step=step):
+        time.sleep(0.001 * (lane + 1))
+
+
+def test_an_unknown_scheme_names_the_schemes_mlflow_knows(bridge: ModuleType) -> None:
+    assert bridge.tracking_uri_problem("notascheme:/x") == (
+        "has the scheme 'notascheme', for which MLflow has no tracking store (it knows http, https, "
+        "databricks, postgresql, mysql, sqlite, mssql, and those of plugins)"
+    )

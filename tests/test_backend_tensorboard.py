@@ -11,6 +11,7 @@ a one-string ``DT_STRING`` tensor); that mapping is the part this file assumes r
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 import sys
@@ -375,3 +376,46 @@ def test_differential_against_the_reference(
     ours.log({"a": 1.0, "note": "text", "b": 2.0}, 0)
     ours.finish()
     assert read_events(isolated / "tensorboard_log" / "proj" / "exp2")[0] == {"a": [(0, 1.0)], "b": [(0, 2.0)]}
+
+
+def test_lanes_of_one_phase_are_one_value_per_step(isolated: Path) -> None:
+    """Four rollout workers' ``generate`` spans in one step: TensorBoard keeps one value per (tag,
+    step), so four values of one tag would show one lane at random.  The bridge writes the phase's
+    wall time (first start to last end) and its slowest lane, once per step."""
+    import contextvars
+    import threading
+
+    from otel_tracking import Tracking, trace_state
+
+    tracking = Tracking("proj", "lanes", default_backend=["tensorboard", "file"])
+    for step in (1, 2, 3):
+        with trace_state("rollout", step=step):
+            threads = []
+            for lane in range(4):
+                run = contextvars.copy_context().run
+                threads.append(threading.Thread(target=run, args=(_lane, lane, step)))
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        tracking.log({"loss": 1.0 / step}, step)
+    tracking.finish()
+
+    scalars, _, _ = read_events(isolated / "tensorboard_log" / "proj" / "lanes")
+    events = [json.loads(line) for line in (isolated / "proj" / "lanes.events.jsonl").read_text().splitlines()]
+    for step in (1, 2, 3):
+        lanes = [e for e in events if e["name"] == "generate" and e["attributes"]["ml.step"] == step]
+        assert len(lanes) == 4  # each lane's own span stays in the spans
+        wall = (max(e["end_time_unix_nano"] for e in lanes) - min(e["start_time_unix_nano"] for e in lanes)) / 1e9
+        slowest = max(e["duration_s"] for e in lanes)
+        assert [v for s, v in scalars["timing_s/state/generate"] if s == step] == pytest.approx([f32(wall)])
+        assert [v for s, v in scalars["timing_s/state/generate/slowest"] if s == step] == pytest.approx([f32(slowest)])
+    assert [s for s, _ in scalars["timing_s/state/rollout"]] == [1, 2, 3]
+    assert "timing_s/state/rollout/slowest" not in scalars  # one span a step: no lanes to compare
+
+
+def _lane(lane: int, step: int) -> None:
+    from otel_tracking import trace_state
+
+    with trace_state("generate", state_lane_id=lane, step=step):
+        pass

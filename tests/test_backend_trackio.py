@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -330,3 +331,27 @@ def test_differential_against_the_reference(trackio_env: str, seed: types.Module
     # Documented difference: secrets in the config are redacted before they reach Trackio.
     assert config_of(reference_project, "exp") == CONFIG
     assert config_of(our_project, "exp") == {**CONFIG, "api_key": "<redacted>"}
+
+
+def test_rows_carry_the_time_of_their_log_call(trackio_env: str) -> None:
+    """A backlog (Trackio opened late, a slow bridge) reaches Trackio in one burst; each row must
+    still carry the time its ``log()`` ran, not the time Trackio's sender wrote the batch."""
+    from datetime import datetime
+
+    from trackio.sqlite_storage import SQLiteStorage
+
+    from otel_tracking.exporters._base import BridgeContext, StepRecord
+    from otel_tracking.exporters.trackio import TrackioSession
+
+    session = TrackioSession(BridgeContext(project=trackio_env, experiment="late", env=os.environ))
+    hour_ago_ns = time.time_ns() - 3600 * 10**9
+    logged = {step: hour_ago_ns + step * 60 * 10**9 for step in range(1, 6)}  # a minute apart, an hour ago
+    for step, at in logged.items():
+        session.write_step(StepRecord(step=step, scalars={"loss": 1.0 / step}, time_unix_nano=at))
+    session.finish()
+
+    rows_found = SQLiteStorage.get_logs(trackio_env, "late")
+    found = {row["step"]: datetime.fromisoformat(row["timestamp"]) for row in rows_found}
+    assert found.keys() == logged.keys()
+    for step, at in logged.items():
+        assert abs(found[step].timestamp() - at / 1e9) < 1e-3, (step, found[step])

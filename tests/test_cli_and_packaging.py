@@ -64,7 +64,7 @@ def test_demo_runs_and_says_where_it_wrote(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "Where each sink wrote:" in out.stdout
-    metrics_file = tmp_path / "demo" / "otel-tracking-demo" / "grpo-simulated.jsonl"
+    metrics_file = tmp_path / "demo" / "grpo-simulated.jsonl"  # not demo/otel-tracking-demo/...
     assert str(metrics_file) in out.stdout
     lines = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     assert [line["step"] for line in lines] == [*range(1, 11), 10, 11, 12]  # step 10 also has validation
@@ -150,7 +150,8 @@ def test_the_demo_keeps_its_files_under_out_and_says_what_to_run_next(tmp_path: 
     home.mkdir()
     done = _cli("demo", "--steps", "2", "--out", str(out), env={"HOME": str(home)})
     assert done.returncode == 0, done.stderr
-    assert f"tensorboard --logdir {out / 'tensorboard'}" in done.stdout
+    # TensorBoard on the project's directory: the run is then named after the experiment
+    assert f"tensorboard --logdir {out / 'tensorboard' / 'otel-tracking-demo'}\n" in done.stdout
     assert list(home.iterdir()) == [], "nothing written under the home directory"
 
 

@@ -219,10 +219,31 @@ class BridgeSession(ABC):
     def write_timing(self, step: int, key: str, seconds: float) -> bool: ...
 
     def write_spans(self, spans: Sequence[Any]) -> bool:
-        ok = True
-        for span in phase_spans(spans):
-            ok = self.write_timing(*span_timing(span, self.last_step)) and ok
-        return ok
+        """The phase timings of the steps these spans close (see :class:`StepTimings`)."""
+        return self.write_timings(self.step_timings.add(spans, self.last_step))
+
+    def write_timings(self, timings: Sequence[PhaseTiming]) -> bool:
+        """Each timing's scalars at its step; what the backend did not take is held again, to go
+        with the next close or flush (a retried span export closes it again)."""
+        failed = []
+        for timing in timings:
+            ok = True
+            for key, seconds in timing.scalars().items():
+                ok = self.write_timing(timing.step, key, seconds) and ok
+            if not ok:
+                failed.append(timing)
+        self.step_timings.hold(failed)
+        return not failed
+
+    def flush_timings(self) -> bool:
+        """Write every timing still held (the span exporter's flush and shutdown)."""
+        return self.write_timings(self.step_timings.drain())
+
+    @property
+    def step_timings(self) -> StepTimings:
+        # Made on first use: sessions do not call a base __init__.
+        timings = self.__dict__.get("_step_timings")
+        return timings if timings is not None else self.__dict__.setdefault("_step_timings", StepTimings())
 
     def write_event(self, event: Event) -> bool:
         return True  # by default a backend has no place for events
@@ -324,9 +345,11 @@ class BridgeSpanExporter(_UsesSession, SpanExporter):
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
+        """The timings of steps not closed yet (the last step's, when no root span closes it)."""
+        return self._guarded("spans", self.session.flush_timings)
 
     def shutdown(self) -> None:
+        self.force_flush()
         self._release()
 
 
@@ -399,6 +422,7 @@ def span_duration_s(span: Any) -> float:
 
 
 TIMING_PREFIX = "timing_s/state/"
+SLOWEST_SUFFIX = "/slowest"
 
 
 def phase_spans(spans: Sequence[Any]) -> list[Any]:
@@ -407,15 +431,116 @@ def phase_spans(spans: Sequence[Any]) -> list[Any]:
     return [span for span in spans if span.name != STEP_SPAN_NAME]
 
 
-def span_timing(span: Any, fallback_step: int) -> tuple[int, str, float]:
-    """(step, key, seconds) for a finished ``trace_state`` span, as ML trackers receive it:
-    ``timing_s/state/<span name>`` at the span's ``ml.step`` attribute (the step in progress
-    when the span started), else at ``fallback_step``.  Several spans of one name in one step
-    each write the key once; backends keep or merge them as they do for any repeated key."""
-    attributes = span.attributes or {}
-    raw = attributes.get(STEP_ATTRIBUTE)
-    step = int(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else fallback_step
-    return step, TIMING_PREFIX + span.name, span_duration_s(span)
+def span_step(span: Any, fallback_step: int) -> int:
+    """The step a span belongs to: its ``ml.step`` attribute (the step in progress when it
+    started), else ``fallback_step``."""
+    raw = (span.attributes or {}).get(STEP_ATTRIBUTE)
+    return int(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else fallback_step
+
+
+@dataclass
+class PhaseTiming:
+    """The spans of one name within one step, as one timing value: what a tracker shows for a
+    phase that several lanes (rollout workers, ranks) ran at once."""
+
+    step: int
+    name: str
+    first_start_ns: int
+    last_end_ns: int
+    slowest_s: float
+    span_ids: set[int] = field(default_factory=set)  # a retried export folds the same spans in again: no change
+
+    @property
+    def wall_s(self) -> float:
+        """From the first span's start to the last one's end: how long the step spent in the phase."""
+        return max(0, self.last_end_ns - self.first_start_ns) / 1e9
+
+    def scalars(self) -> dict[str, float]:
+        """``timing_s/state/<name>``: the phase's wall time; with several spans (lanes) also
+        ``timing_s/state/<name>/slowest``: the longest single span."""
+        values = {TIMING_PREFIX + self.name: self.wall_s}
+        if len(self.span_ids) > 1:
+            values[TIMING_PREFIX + self.name + SLOWEST_SUFFIX] = self.slowest_s
+        return values
+
+    def add(self, span_id: int, start_ns: int, end_ns: int) -> None:
+        self.merge(PhaseTiming(self.step, self.name, start_ns, end_ns, (end_ns - start_ns) / 1e9, {span_id}))
+
+    def merge(self, other: PhaseTiming) -> None:
+        self.first_start_ns = min(self.first_start_ns, other.first_start_ns)
+        self.last_end_ns = max(self.last_end_ns, other.last_end_ns)
+        self.slowest_s = max(self.slowest_s, other.slowest_s)
+        self.span_ids |= other.span_ids
+
+
+class StepTimings:
+    """Folds finished phase spans into one :class:`PhaseTiming` per (step, span name), and hands
+    each back once its step is over, so that a tracker gets one value per key and step (four
+    lanes' ``generate`` spans are one ``timing_s/state/generate``; each lane's own duration stays
+    in its span).  A step is over when its root span (``ml.step``) ends, when a span of a later
+    step arrives, or at :meth:`drain` (flush, finish).  A span that arrives after its step was
+    handed back (a rollout outliving its step) is handed back on its own at the next of those.
+
+    A span folded in again (the delivery layer retries a batch the backend failed) changes
+    nothing: the ids of the spans handed back are remembered for the last :attr:`REMEMBERED_STEPS`
+    steps, and a held timing holds its span ids."""
+
+    REMEMBERED_STEPS = 16
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[int, str], PhaseTiming] = {}
+        self._handed_back: dict[int, set[int]] = {}  # step -> ids of its spans already handed back
+        self._lock = threading.Lock()
+
+    def add(self, spans: Sequence[Any], fallback_step: int) -> list[PhaseTiming]:
+        """Fold ``spans`` in, in their order; the timings of the steps they close, in that order."""
+        closed: list[PhaseTiming] = []
+        with self._lock:
+            for span in spans:
+                step = span_step(span, fallback_step)
+                if span.name == STEP_SPAN_NAME:
+                    closed += self._take(lambda pending: pending <= step)  # noqa: B023 - used at once
+                    continue
+                if span.start_time is None or span.end_time is None:
+                    continue
+                closed += self._take(lambda pending: pending < step)  # noqa: B023 - used at once
+                context = getattr(span, "context", None)
+                span_id = context.span_id if context is not None else id(span)
+                if span_id in self._handed_back.get(step, ()):
+                    continue
+                timing = self._pending.get((step, span.name))
+                if timing is None:
+                    timing = self._pending[(step, span.name)] = PhaseTiming(
+                        step, span.name, span.start_time, span.end_time, 0.0
+                    )
+                timing.add(span_id, span.start_time, span.end_time)
+        return closed
+
+    def hold(self, timings: Sequence[PhaseTiming]) -> None:
+        """Keep ``timings`` (not written) until the next close or drain, merged with any newer spans."""
+        with self._lock:
+            for timing in timings:
+                self._handed_back.get(timing.step, set()).difference_update(timing.span_ids)
+                held = self._pending.setdefault((timing.step, timing.name), timing)
+                if held is not timing:
+                    held.merge(timing)
+
+    def drain(self) -> list[PhaseTiming]:
+        """Every timing still held, in step order."""
+        with self._lock:
+            return self._take(lambda step: True)
+
+    def _take(self, over: Callable[[int], bool]) -> list[PhaseTiming]:
+        done = sorted((self._pending.pop(key) for key in list(self._pending) if over(key[0])), key=_in_step_order)
+        for timing in done:
+            self._handed_back.setdefault(timing.step, set()).update(timing.span_ids)
+        for step in sorted(self._handed_back)[: -self.REMEMBERED_STEPS]:
+            del self._handed_back[step]
+        return done
+
+
+def _in_step_order(timing: PhaseTiming) -> tuple[int, int]:
+    return timing.step, timing.first_start_ns
 
 
 def hex_id(value: int | None, width: int) -> str | None:
@@ -431,12 +556,14 @@ __all__: Sequence[str] = [
     "BridgeSession",
     "BridgeSpanExporter",
     "Event",
+    "PhaseTiming",
     "StepMetricExporter",
     "StepRecord",
+    "StepTimings",
     "bridge_exporters",
     "hex_id",
     "phase_spans",
     "sample_parts",
     "span_duration_s",
-    "span_timing",
+    "span_step",
 ]

@@ -16,8 +16,9 @@ What lands where (the reference is verl's ``Tracking(..., default_backend="mlflo
   reference's ``_MlflowLoggingAdapter`` did (``@`` -> ``_at_``, repeated ``/`` collapsed, any other
   character outside ``[/\\w.\\- :]`` -> ``_``).  NaN is stored as NaN; MLflow's SQL store clamps
   +/-inf to +/-``sys.float_info.max`` (as it did for the reference).  Bools are stored as 1.0/0.0.
-* spans: each finished ``trace_state`` span is the metric ``timing_s/state/<name>`` (seconds) at
-  the span's step, and also an MLflow trace span (the same conversion MLflow's OTLP endpoint does),
+* spans: finished ``trace_state`` spans are the metric ``timing_s/state/<name>`` (seconds), once
+  per step at the spans' step (with ``.../slowest`` for a phase several lanes ran:
+  ``_base.StepTimings``), and each one an MLflow trace span (the same conversion MLflow's OTLP endpoint does),
   logged to the run's experiment; a trace is linked to the run when its root span arrives.
 * events: ``ml.validation.generations`` becomes the artifact ``val_step{N}.json`` at the run's
   artifact root, ``[{"input", "output", "score"}, ...]``, byte-for-byte as the reference wrote it.
@@ -41,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import re
 import tempfile
@@ -60,14 +62,14 @@ from otel_tracking.exporters._base import (
     BridgeParts,
     BridgeSession,
     Event,
+    PhaseTiming,
     StepRecord,
     bridge_exporters,
-    phase_spans,
     sample_parts,
-    span_timing,
 )
 from otel_tracking.redact import scrubbed_logger
-from otel_tracking.semconv import GENERATIONS_EVENT
+from otel_tracking.semconv import GENERATIONS_EVENT, STEP_SPAN_NAME
+from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
 from otel_tracking.settings import ConfigError
 
 logger = scrubbed_logger("otel_tracking.mlflow")
@@ -150,6 +152,53 @@ def _safe_uri(uri: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
+def mlflow_training_view(experiment_id: str) -> str:
+    """The UI's page of an experiment in its training view (its charts and runs): an experiment
+    holding traces opens in the GenAI view unless the link says otherwise."""
+    return f"#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
+def _ui_base(uri: str) -> str:
+    """An http(s) tracking server serves the UI itself; a database is shown by ``mlflow ui``."""
+    safe = _safe_uri(uri)
+    return safe.rstrip("/") + "/" if safe.startswith(("http://", "https://")) else "(mlflow ui) "
+
+
+# --- what a step's trace says in MLflow's trace list ---------------------------------------------
+
+# Root-span attributes MLflow's span ingestion reads (mlflow.tracing.constant): trace tags (the
+# trace's name among them), and the inputs and outputs its request/response previews come from.
+TRACE_TAG_PREFIX = "mlflow.traceTag."
+TRACE_NAME_ATTRIBUTE = TRACE_TAG_PREFIX + "mlflow.traceName"
+SPAN_INPUTS_ATTRIBUTE = "mlflow.spanInputs"
+SPAN_OUTPUTS_ATTRIBUTE = "mlflow.spanOutputs"
+_HEADLINE = re.compile(r"^(?!timing).*(loss|score|reward|acc|kl|entropy)", re.IGNORECASE)  # not phase times
+_REMEMBERED_STEPS = 8  # a step's root span arrives right after its log(): a few steps suffice
+
+
+def headline_first(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics in their logged order, those a reader looks for first (loss, score, reward,
+    accuracy, KL, entropy; not the timings) ahead of the rest: what a truncated preview keeps."""
+    first = {key: value for key, value in metrics.items() if _HEADLINE.search(key)}
+    return {**first, **{key: value for key, value in metrics.items() if key not in first}}
+
+
+def _kvlist(any_value: Any, key_value: Any, values: Mapping[str, Any]) -> Any:
+    """An OTLP map value: MLflow stores it as the JSON object (a string would be JSON twice)."""
+    entries = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            entry = any_value(bool_value=value)
+        elif isinstance(value, int) and -(2**63) <= value < 2**63:
+            entry = any_value(int_value=value)
+        elif math.isfinite(float(value)):
+            entry = any_value(double_value=float(value))
+        else:  # NaN and infinities are not JSON: their names
+            entry = any_value(string_value=str(float(value)))
+        entries.append(key_value(key=key, value=entry))
+    return any_value(kvlist_value={"values": entries})
+
+
 # --- the tracking URI, checked without importing MLflow ------------------------------------------
 
 # The tracking stores MLflow 3 builds in (mlflow/tracking/_tracking_service/utils.py; a test holds
@@ -211,7 +260,7 @@ def tracking_uri_problem(uri: str, allow_file_store: bool = False) -> str | None
     if scheme in TRACKING_SCHEMES or scheme in _plugin_schemes():
         return None
     known = ", ".join(TRACKING_SCHEMES + DATABASE_SCHEMES)
-    return f"has the scheme {scheme!r}, for which MLflow has no tracking store (it knows {known}, and plugins')"
+    return f"has the scheme {scheme!r}, for which MLflow has no tracking store (it knows {known}, and those of plugins)"
 
 
 def _plugin_schemes() -> set[str]:
@@ -245,8 +294,12 @@ class MlflowSession(BridgeSession):
         self.experiment_id = experiment_id
         self.tracking_uri = tracking_uri
         self.project = project
-        self.where = f"MLflow run {run_id} (experiment {project!r}) at {_safe_uri(tracking_uri)}"
+        self.where = (
+            f"MLflow run {run_id} (experiment {project!r}) at {_safe_uri(tracking_uri)}; in MLflow's UI: "
+            f"{_ui_base(tracking_uri)}{mlflow_training_view(experiment_id)}"
+        )
         self._span_step = 0  # spans without ml.step land at the step of the span before them
+        self._step_metrics: dict[int, dict[str, Any]] = {}  # the latest steps' scalars, for their traces
         self._tracing: Any = None
         self._keys: dict[str, str] = {}
         self._rejected: set[str] = set()
@@ -370,32 +423,41 @@ class MlflowSession(BridgeSession):
             except Exception as error:
                 logger.debug("MLflow attempt tag failed: %s", error)
                 return False
+        self._step_metrics[record.step] = {**self._step_metrics.pop(record.step, {}), **record.scalars}
+        while len(self._step_metrics) > _REMEMBERED_STEPS:
+            del self._step_metrics[next(iter(self._step_metrics))]
         return self.log_metrics(list(record.scalars.items()), record.step, timestamp_ms)
 
     def write_timing(self, step: int, key: str, seconds: float) -> bool:
         return self.log_metrics([(key, seconds)], step, int(time.time() * 1000))
 
     def write_spans(self, spans: Sequence[ReadableSpan]) -> bool:
-        """Each span: the ``timing_s/state/<name>`` metric at its step (timestamped at its end), and
-        an MLflow trace span.  One failing does not keep the other from being tried."""
-        ok = True
-        by_step: dict[tuple[int, int], list[tuple[str, float]]] = {}
-        for span in phase_spans(spans):
-            step, key, seconds = span_timing(span, self._span_step)
-            self._span_step = step
-            end_ms = (span.end_time or time.time_ns()) // 1_000_000
-            by_step.setdefault((step, end_ms), []).append((key, seconds))
-        for (step, end_ms), values in by_step.items():
-            try:
-                ok = self.log_metrics(values, step, end_ms) and ok
-            except Exception as error:
-                logger.debug("MLflow timing export failed: %s", error)
-                ok = False
+        """The timing metrics of the steps these spans close (``_base.StepTimings``), and every span
+        as an MLflow trace span.  One failing does not keep the other from being tried."""
+        ok = self.write_timings(self.step_timings.add(spans, self._span_step))
         try:
             self.log_spans(spans)
         except Exception as error:
             logger.debug("MLflow trace export failed: %s", error)
             ok = False
+        return ok
+
+    def write_timings(self, timings: Sequence[PhaseTiming]) -> bool:
+        """One batch per step, timestamped at the end of the step's last phase span."""
+        by_step: dict[int, tuple[int, dict[str, float]]] = {}
+        for timing in timings:
+            self._span_step = timing.step  # spans without ml.step land at the step of the span before them
+            end_ms, values = by_step.get(timing.step, (0, {}))
+            by_step[timing.step] = (max(end_ms, timing.last_end_ns // 1_000_000), {**values, **timing.scalars()})
+        ok = True
+        for step, (end_ms, values) in by_step.items():
+            try:
+                ok = self.log_metrics(list(values.items()), step, end_ms) and ok
+            except Exception as error:
+                logger.debug("MLflow timing export failed: %s", error)
+                ok = False
+        if not ok:
+            self.step_timings.hold(timings)
         return ok
 
     def write_event(self, event: Event) -> bool:
@@ -491,6 +553,8 @@ class MlflowSession(BridgeSession):
         for resource_spans in request.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 for proto_span in scope_spans.spans:
+                    if not proto_span.parent_span_id and proto_span.name == STEP_SPAN_NAME:
+                        self._describe_step_trace(proto_span)
                     converted.append(Span.from_otel_proto(proto_span, resource=resource_spans.resource))
         if not converted:
             return
@@ -498,6 +562,26 @@ class MlflowSession(BridgeSession):
         roots = sorted({span.trace_id for span in converted if span.parent_id is None})
         for start in range(0, len(roots), _LINK_BATCH):
             self.client.link_traces_to_run(roots[start : start + _LINK_BATCH], self.run_id)
+
+    def _describe_step_trace(self, root: Any) -> None:
+        """What MLflow shows of a step's trace, set on its root span (an OTLP span proto, MLflow's
+        copy): the trace's and the root span's name ``step N``, the tag ``ml.step``, the request
+        ``{"step": N}`` and the response: that step's metrics, the headline ones first."""
+        from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+        step = next((attr.value.int_value for attr in root.attributes if attr.key == STEP_ATTRIBUTE), None)
+        if step is None:
+            return
+        metrics = self._step_metrics.get(step, {})
+        root.name = f"step {step}"  # the trace's top row in MLflow's trace view (elsewhere it stays ml.step)
+        described = {
+            TRACE_NAME_ATTRIBUTE: AnyValue(string_value=f"step {step}"),
+            TRACE_TAG_PREFIX + STEP_ATTRIBUTE: AnyValue(string_value=str(step)),
+            SPAN_INPUTS_ATTRIBUTE: _kvlist(AnyValue, KeyValue, {"step": step}),
+            SPAN_OUTPUTS_ATTRIBUTE: _kvlist(AnyValue, KeyValue, headline_first(metrics)),
+        }
+        for key, value in described.items():
+            root.attributes.append(KeyValue(key=key, value=value))
 
     def _tracing_client(self) -> Any:
         if self._tracing is None:

@@ -10,7 +10,8 @@ What lands where (the reference wrote the same through ``torch.utils.tensorboard
   key; TensorBoard reads back the same tag/step/value either way);
 * non-number values: skipped.  The reference passed them to ``add_scalar``, which raised on the
   first one and lost the rest of that step (a documented fix);
-* each finished span: the scalar ``timing_s/state/<name>`` at the span's ``ml.step``;
+* finished spans: the scalars ``timing_s/state/<name>`` (and ``.../slowest`` for a phase run by
+  several lanes) once per step, at the spans' ``ml.step`` (``_base.StepTimings``);
 * validation generations: the reference's markdown text at the event's step, as
   ``SummaryWriter.add_text`` stores it: tag ``val/generations/text_summary``, a one-element
   ``DT_STRING`` tensor with plugin ``text`` (TensorBoard's Text tab shows it); the reference wrote
@@ -46,10 +47,9 @@ from otel_tracking.exporters._base import (
     BridgeParts,
     BridgeSession,
     Event,
+    PhaseTiming,
     StepRecord,
     bridge_exporters,
-    phase_spans,
-    span_timing,
 )
 from otel_tracking.semconv import GENERATIONS_EVENT
 
@@ -147,10 +147,10 @@ class TensorboardSession(BridgeSession):
         self.write(step, [scalar_value(key, seconds)], wall_time)
         return True
 
-    def write_spans(self, spans: Sequence[Any]) -> bool:
-        for span in phase_spans(spans):  # each timing at its span's end time
-            step, key, seconds = span_timing(span, self.last_step)
-            self.write_timing(step, key, seconds, span.end_time / 1e9 if span.end_time else None)
+    def write_timings(self, timings: Sequence[PhaseTiming]) -> bool:
+        for timing in timings:  # each at the end of its phase's last span
+            values = [scalar_value(key, seconds) for key, seconds in timing.scalars().items()]
+            self.write(timing.step, values, timing.last_end_ns / 1e9)
         return True
 
     def write_event(self, event: Event) -> bool:

@@ -11,7 +11,10 @@ What lands where:
   ``None``, lists and dicts are stored as JSON by Trackio, as when the reference passed them); key
   names are untouched, so Trackio's own renaming of reserved keys (``step`` -> ``__step``) applies
   as it did for the reference;
-* each finished span: ``{"timing_s/state/<name>": seconds}`` at the span's ``ml.step``;
+* finished spans: ``{"timing_s/state/<name>": seconds}`` (and ``.../slowest`` for a phase several
+  lanes ran) once per step at the spans' ``ml.step`` (``_base.StepTimings``);
+* each row's time: when its ``log()`` ran (a timing's: its phase's end), not when Trackio's sender
+  wrote it (see ``_keep_row_times``);
 * validation generations: ``{"val/generations": [trackio.Trace, ...]}`` at the event's step, one
   trace per sample built exactly as the reference's ``log_generations_to_trackio`` did (Trackio
   keeps them in its ``traces`` table);
@@ -32,6 +35,7 @@ import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from otel_tracking.exporters._base import (
@@ -39,6 +43,7 @@ from otel_tracking.exporters._base import (
     BridgeParts,
     BridgeSession,
     Event,
+    PhaseTiming,
     StepRecord,
     bridge_exporters,
 )
@@ -106,6 +111,7 @@ class TrackioSession(BridgeSession):
                 project=context.project, name=context.experiment, config=config, embed=False, resume=resume
             )
         self.run = run
+        self._row_times = _keep_row_times(run)
         self.directory = str(utils.TRACKIO_DIR)
         place = getattr(self.run, "url", None) or self.directory
         self.where = f"trackio project {self.run.project!r}, run {self.run.name!r} in {place}"
@@ -121,19 +127,28 @@ class TrackioSession(BridgeSession):
         print(f"Logging to {session.where}")
         return session
 
-    def log(self, data: dict[str, Any], step: int) -> None:
+    def log(self, data: dict[str, Any], step: int, time_unix_nano: int = 0) -> None:
+        """One Trackio row at ``step``, timed at ``time_unix_nano`` (when the data was logged) when
+        given and this Trackio keeps row times (:func:`_keep_row_times`), else when Trackio writes it."""
         if self.closed:
             raise RuntimeError(f"the trackio run {self.run.name!r} is finished")
         self.run.log(data, step=step)  # an empty dict still makes a row, as the reference's did
+        if time_unix_nano and self._row_times:
+            _stamp_last_row(self.run, time_unix_nano)
 
     def write_step(self, record: StepRecord) -> bool:
         data: dict[str, Any] = dict(record.scalars)
         data.update(record.others)
-        self.log(data, record.step)
+        self.log(data, record.step, record.time_unix_nano)
         return True
 
     def write_timing(self, step: int, key: str, seconds: float) -> bool:
         self.log({key: seconds}, step)
+        return True
+
+    def write_timings(self, timings: Sequence[PhaseTiming]) -> bool:
+        for timing in timings:  # each row at the end of its phase's last span
+            self.log(timing.scalars(), timing.step, timing.last_end_ns)
         return True
 
     def write_event(self, event: Event) -> bool:
@@ -143,7 +158,7 @@ class TrackioSession(BridgeSession):
         step = self.last_step if event.step is None else event.step
         traces = generation_traces(self.trackio, list(event.body.get("samples") or []))
         if traces:
-            self.log({GENERATIONS_KEY if event.key is None else event.key: traces}, step)
+            self.log({GENERATIONS_KEY if event.key is None else event.key: traces}, step, event.time_unix_nano)
         return True
 
     def finish(self, exit_code: int = 0) -> None:  # Trackio has no run status to set
@@ -160,6 +175,60 @@ class TrackioSession(BridgeSession):
             if context_vars.current_run.get() is run:
                 context_vars.current_run.set(None)
         _drain(run)
+
+
+# Trackio's local run (0.40-0.43) writes each batch of queued rows with the time its sender thread
+# flushes them: a backlog (a run that opened late, a slow bridge) would share one timestamp.  Its
+# remote path already honours a row's own "timestamp"; these two hooks give the local sqlite path
+# the same.  Another Trackio (no such internals) writes rows as it always did.
+
+
+def _keep_row_times(run: Any) -> bool:
+    """Make ``run`` write each queued row with its own ``timestamp``; False if this Trackio cannot."""
+    needed = ("_queued_logs", "_queue_lock", "_write_logs_to_sqlite", "_storage_mode")
+    if not getattr(run, "_is_local", False) or not all(hasattr(run, name) for name in needed):
+        return False
+    from trackio.sqlite_storage import SQLiteStorage
+
+    original = run._write_logs_to_sqlite
+
+    def write_with_row_times(logs: list[dict[str, Any]]) -> None:
+        if run._storage_mode == "jsonl":
+            original(logs)  # its fragments carry each row's timestamp already
+            return
+        now = datetime.now(timezone.utc).isoformat()
+        by_run: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
+        for entry in logs:
+            by_run.setdefault((entry["project"], entry["run"], entry.get("run_id")), []).append(entry)
+        for (project, name, run_id), entries in by_run.items():
+            # Trackio's own writer passes these as its rows hold them (a step or log id may be None).
+            steps: list[Any] = [entry.get("step") for entry in entries]
+            log_ids: list[Any] = [entry.get("log_id") for entry in entries]
+            try:
+                SQLiteStorage.bulk_log(
+                    project=project,
+                    run=name,
+                    run_id=run_id,
+                    metrics_list=[entry["metrics"] for entry in entries],
+                    steps=steps,
+                    timestamps=[entry.get("timestamp") or now for entry in entries],
+                    config=next((entry["config"] for entry in entries if entry.get("config")), None),
+                    log_ids=log_ids,
+                )
+            except Exception as error:  # as Trackio's own writer: warn, and the run goes on
+                logger.warning("trackio failed to write %d rows of run %r: %s", len(entries), name, error)
+
+    run._write_logs_to_sqlite = write_with_row_times
+    return True
+
+
+def _stamp_last_row(run: Any, time_unix_nano: int) -> None:
+    """The time of the row ``run.log`` just queued, unless Trackio's sender took it already (then
+    it is written within Trackio's send interval of now, its time the flush's)."""
+    stamp = datetime.fromtimestamp(time_unix_nano / 1e9, tz=timezone.utc).isoformat()
+    with run._queue_lock:
+        if run._queued_logs and not run._queued_logs[-1].get("timestamp"):
+            run._queued_logs[-1]["timestamp"] = stamp
 
 
 def _drain(run: Any) -> None:

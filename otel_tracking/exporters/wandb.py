@@ -15,7 +15,8 @@ and written with ``run.log(data, step=step)``, ended with ``run.finish(exit_code
   ``export()`` returns SUCCESS (a retry or a replay could not change them), they are counted in
   ``WandbSession.skipped``, warned about once and summed up at ``finish()``.  FAILURE means wandb
   itself failed (e.g. its run is gone): the delivery layer retries or spools that.
-* Spans: each finished span becomes ``timing_s/state/<name>`` (seconds) at its ``ml.step``.
+* Spans: ``timing_s/state/<name>`` (seconds) once per step at the spans' ``ml.step``, with ``.../slowest`` for a
+  phase several lanes ran (``_base.StepTimings``).
 * Events: ``ml.validation.generations`` becomes the reference's ``val/generations`` table (columns
   ``step, input_1, output_1, score_1, ...``, one row per validation step) and
   ``ml.table.filtered_reward_counts`` the DAPO ``training/filter_groups/filtered_reward_counts``
@@ -50,11 +51,10 @@ from otel_tracking.exporters._base import (
     BridgeParts,
     BridgeSession,
     Event,
+    PhaseTiming,
     StepRecord,
     bridge_exporters,
-    phase_spans,
     sample_parts,
-    span_timing,
 )
 from otel_tracking.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT
 
@@ -267,11 +267,14 @@ class WandbSession(BridgeSession):
         return self.log({key: seconds}, step)
 
     def write_spans(self, spans: Sequence[Any]) -> bool:
-        """One ``log`` per step, in step order; spans without ``ml.step`` at the highest step logged."""
+        """Spans without ``ml.step`` count at the highest step logged."""
+        return self.write_timings(self.step_timings.add(spans, self.high_step or 0))
+
+    def write_timings(self, timings: Sequence[PhaseTiming]) -> bool:
+        """One ``log`` per step, in step order."""
         by_step: dict[int, dict[str, float]] = {}
-        for span in phase_spans(spans):
-            step, key, seconds = span_timing(span, self.high_step or 0)
-            by_step.setdefault(step, {})[key] = seconds
+        for timing in timings:
+            by_step.setdefault(timing.step, {}).update(timing.scalars())
         ok = True
         for step in sorted(by_step):
             try:
@@ -279,6 +282,8 @@ class WandbSession(BridgeSession):
             except Exception:
                 logger.debug("otel-tracking: %s span export failed", self.backend, exc_info=True)
                 ok = False
+        if not ok:
+            self.step_timings.hold(timings)
         return ok
 
     def write_event(self, event: Event) -> bool:
