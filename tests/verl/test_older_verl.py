@@ -1,0 +1,56 @@
+"""verl 0.7.1 and 0.8.0 (no ``verl.plugins`` there; ``opentelemetry-instrument`` or the Ray setup
+hook switch them on): their ``tracking.py``, verbatim, gets the facade swap.  Light: a stand-in
+``verl`` package holding only that module, no torch, so it runs in any venv."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = """
+import json, sys
+if sys.argv[1] == "on":
+    from otel_tracking.verl import install
+    install("test")
+from verl.utils.tracking import Tracking, ValidationGenerationsLogger
+tracking = Tracking("proj", "exp", default_backend="file")
+tracking.log({"actor/loss": 0.5, "timing_s/step": 1.25, "count": 3}, step=1)
+tracking.log({"actor/loss": 0.25}, step=2)
+# no finish(): 0.7 and 0.8 have none (their Tracking ends in __del__); ours ends at exit
+print(json.dumps([Tracking.__module__, ValidationGenerationsLogger.__module__]))
+"""
+
+
+def run(version: str, mode: str, tmp: Path) -> tuple[list[str], list[dict], str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    sink = tmp / f"{mode}.jsonl"
+    env.update(
+        PYTHONPATH=str(HERE / "older_verl" / version),
+        VERL_FILE_LOGGER_PATH=str(sink),
+        OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"),
+        OTEL_SDK_DISABLED="true",  # no OTLP endpoint here: the ML side is what this test is about
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode], env=env, cwd=tmp, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in sink.read_text().splitlines()]
+    return json.loads(done.stdout.splitlines()[-1]), lines, done.stderr
+
+
+@pytest.mark.parametrize("version", ["0.7.1", "0.8.0"])
+def test_older_verl_tracking_gets_the_facade_swap(version: str, tmp_path: Path) -> None:
+    theirs, their_lines, _ = run(version, "off", tmp_path)
+    ours, our_lines, stderr = run(version, "on", tmp_path)
+    assert theirs == ["verl.utils.tracking", "verl.utils.tracking"]
+    assert ours == ["otel_tracking.facade", "otel_tracking.generations"]
+    assert our_lines == their_lines  # the same file sink, line for line
+    warnings = [line for line in stderr.splitlines() if "could not instrument" in line]
+    assert len(warnings) == 1, stderr
+    assert "verl.utils.tracking.DapoFilteredRewardTableLogger, verl.utils.tracking.RLInsightLogger" in warnings[0]
