@@ -6,6 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 
-NEEDS_VERL = ["test_loop.py", "test_verl_own_tests.py"]
+NEEDS_VERL = ["test_loop.py", "test_never_break.py", "test_verl_own_tests.py"]
 
 collect_ignore = [] if importlib.util.find_spec("verl") is not None else NEEDS_VERL

@@ -16,14 +16,17 @@ import os
 from typing import Any
 
 import ray
-from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from verl.single_controller.ray.base import create_colocated_worker_cls
-from verl.utils.profiler import marked_timer
-from verl.utils.tracking import Tracking
-from verl_loop_workers import ActorWorker, RefWorker, batch
 
 
 def train(steps: int) -> dict[str, Any]:
+    # Imported where they run, as verl's TaskRunner does: a worker class pickled from a driver
+    # that was not instrumented (the setup-hook case) would carry that driver's decoration along.
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verl.single_controller.ray.base import create_colocated_worker_cls
+    from verl.utils.profiler import marked_timer, simple_timer
+    from verl.utils.tracking import Tracking
+    from verl_loop_workers import ActorWorker, RefWorker, batch
+
     tracking = Tracking("verl-proj", "verl-exp", default_backend=["file"])
     pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1)
     actor = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ActorWorker), name_prefix="actor")
@@ -40,6 +43,8 @@ def train(steps: int) -> dict[str, Any]:
         with marked_timer("step", timing_raw):
             with marked_timer("gen", timing_raw):
                 generated = actor.generate(step)
+                with simple_timer("per_sample", timing_raw):  # the agent loops' per-sample timer: no span
+                    pass
             with marked_timer("old_log_prob", timing_raw):
                 log_prob = actor.compute_log_prob(batch()).get()  # non-blocking: a DataProtoFuture
             with marked_timer("ref", timing_raw):
@@ -61,7 +66,14 @@ def train(steps: int) -> dict[str, Any]:
         metrics = {"actor/loss": 1.0 / step, "actor/output_sum": float(sum(updated.batch["output"].tolist()))}
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing_raw.items()})
         tracking.log(metrics, step)
-    return {"results": results, "run_id": getattr(tracking, "run_id", None), "tracking": type(tracking).__module__}
+    import otel_tracking.verl
+
+    return {
+        "results": results,
+        "run_id": getattr(tracking, "run_id", None),
+        "tracking": type(tracking).__module__,
+        "installed_by": otel_tracking.verl.installed_by(),  # in the trainer's process
+    }
 
 
 @ray.remote

@@ -125,6 +125,7 @@ def assert_span_tree(spans: list[dict[str, Any]], run_id: str) -> None:
     steps_seen = Counter(roots[s["trace_id"]]["attributes"]["ml.step"] for s in traced)
     assert sorted(steps_seen) == list(range(1, STEPS + 1)), steps_seen
     assert set(steps_seen.values()) == {len(PHASES) + 2 * len(WORKER_SPANS)}
+    assert not any(s["name"] == "per_sample" for s in spans), "simple_timer opens spans only when asked"
     for span in traced:
         root = roots[span["trace_id"]]
         parent = by_id[span["parent_span_id"]]
@@ -148,11 +149,11 @@ def assert_same_training(on: dict[str, Any], off: dict[str, Any]) -> None:
     assert on["results"] == off["results"]
     assert without_timings(on["file"]) == without_timings(off["file"])
     timing_keys = {k for line in on["file"] for k in line["data"] if k.startswith("timing_s/")}
-    assert timing_keys == {f"timing_s/{name}" for name in PHASES}
+    assert timing_keys == {f"timing_s/{name}" for name in (*PHASES, "per_sample")}
 
 
 def test_switched_off_is_verl_as_it_is(off: dict[str, Any]) -> None:
-    assert off["tracking"] == "verl.utils.tracking" and off["run_id"] is None
+    assert off["tracking"] == "verl.utils.tracking" and off["run_id"] is None and off["installed_by"] is None
     assert off["spans"] == []
     assert BANNER not in off["stderr"]
     assert [line["step"] for line in off["file"]] == list(range(1, STEPS + 1))
@@ -160,7 +161,7 @@ def test_switched_off_is_verl_as_it_is(off: dict[str, Any]) -> None:
 
 def test_plugin_switch(cluster: str, tmp_path: Path, receiver: HttpReceiver, off: dict[str, Any]) -> None:
     on = run_loop(cluster, tmp_path, env={"OTEL_TRACKING_VERL": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
-    assert on["tracking"] == "otel_tracking.facade"
+    assert on["tracking"] == "otel_tracking.facade" and on["installed_by"] == "OTEL_TRACKING_VERL=1"
     assert on["stderr"].count(BANNER) == 1 and "(OTEL_TRACKING_VERL=1)" in on["stderr"]
     assert "could not instrument" not in on["stderr"]
     assert_same_training(on, off)
@@ -172,7 +173,7 @@ def test_opentelemetry_instrument(cluster: str, tmp_path: Path, receiver: HttpRe
     assert instrument is not None
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_TRACES_EXPORTER": "otlp"}
     on = run_loop(cluster, tmp_path, env=env, prefix=(instrument,))
-    assert on["tracking"] == "otel_tracking.facade" and "(opentelemetry-instrument)" in on["stderr"]
+    assert on["tracking"] == "otel_tracking.facade" and on["installed_by"] == "opentelemetry-instrument"
     assert_same_training(on, off)
     assert_span_tree(arrived_spans(receiver), on["run_id"])
 
@@ -182,7 +183,8 @@ def test_opentelemetry_instrument_disabled(cluster: str, tmp_path: Path, off: di
     assert instrument is not None
     env = {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "verl", "OTEL_TRACES_EXPORTER": "none"}
     result = run_loop(cluster, tmp_path, env=env, prefix=(instrument,))
-    assert result["tracking"] == "verl.utils.tracking" and BANNER not in result["stderr"]
+    assert result["tracking"] == "verl.utils.tracking" and result["installed_by"] is None
+    assert BANNER not in result["stderr"]
 
 
 def test_ray_worker_setup_hook(cluster: str, tmp_path: Path, receiver: HttpReceiver, off: dict[str, Any]) -> None:
@@ -193,7 +195,7 @@ def test_ray_worker_setup_hook(cluster: str, tmp_path: Path, receiver: HttpRecei
         env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint},
         args=("--in-actor", "--setup-hook"),
     )
-    assert on["tracking"] == "otel_tracking.facade"
+    assert on["tracking"] == "otel_tracking.facade" and on["installed_by"] == "worker_process_setup_hook"
     assert_same_training(on, off)
     assert_span_tree(arrived_spans(receiver), on["run_id"])
 
@@ -218,7 +220,9 @@ def test_future_verl_lacking_a_patched_name(
         pythonpath=(future,),
     )
     warnings = [line for line in on["stderr"].splitlines() if "could not instrument" in line]
-    assert len(warnings) == 1 and "verl.utils.profiler.performance._timer" in warnings[0], warnings
+    # One warning per process: the driver's own line, and one from each worker (Ray prefixes those).
+    assert len([line for line in warnings if " pid=" not in line]) == 1, warnings
+    assert all("could not instrument verl.utils.profiler.performance._timer (" in line for line in warnings)
     assert on["results"] == off["results"]
     assert without_timings(on["file"]) == without_timings(off["file"])
     def workers_arrived() -> Counter[str] | None:
