@@ -66,6 +66,8 @@ def train(steps: int) -> dict[str, Any]:
         metrics = {"actor/loss": 1.0 / step, "actor/output_sum": float(sum(updated.batch["output"].tolist()))}
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing_raw.items()})
         tracking.log(metrics, step)
+    actor.flush_telemetry()
+    ref.flush_telemetry()
     import otel_tracking.verl
 
     return {

@@ -28,6 +28,16 @@ class _Profiled(Worker):
         super().__init__()
         self.profiler = DistProfiler(rank=self.rank)  # disabled, as in a default verl config
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def flush_telemetry(self) -> None:
+        """The loop's last call: Ray kills a job's actors when its driver exits, and a worker's
+        spans of the last export interval (100 ms) can go with it.  Switched off there is no run."""
+        from otel_tracking.run import current_run
+
+        run = current_run()
+        if run is not None:
+            run.flush()
+
 
 @ray.remote
 class ActorWorker(_Profiled):
