@@ -54,3 +54,27 @@ def test_older_verl_tracking_gets_the_facade_swap(version: str, tmp_path: Path) 
     warnings = [line for line in stderr.splitlines() if "could not instrument" in line]
     assert len(warnings) == 1, stderr
     assert "verl.utils.tracking.DapoFilteredRewardTableLogger, verl.utils.tracking.RLInsightLogger" in warnings[0]
+
+
+LATE = """
+import sys, types
+from verl.utils.tracking import Tracking as verl_tracking  # bound before the switch, like a trainer
+trainer = types.ModuleType("verl.trainer_stand_in")
+trainer.Tracking = verl_tracking
+sys.modules[trainer.__name__] = trainer
+from otel_tracking.verl import install
+install("late")
+import verl.utils.tracking as module
+print(trainer.Tracking.__module__, module.Tracking.__module__, module.verl_Tracking.__module__)
+"""
+
+
+def test_a_late_switch_rebinds_what_verl_modules_bound_already(tmp_path: Path) -> None:
+    """``worker_setup`` in a process that imported verl already: the modules that bound verl's
+    ``Tracking`` get ours too, and verl's stays reachable as ``verl_Tracking``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    env.update(PYTHONPATH=str(HERE / "older_verl" / "0.8.0"), OTEL_SDK_DISABLED="true")
+    command = [sys.executable, "-c", LATE]
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["otel_tracking.facade", "otel_tracking.facade", "verl.utils.tracking"]
