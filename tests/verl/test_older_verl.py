@@ -78,3 +78,29 @@ def test_a_late_switch_rebinds_what_verl_modules_bound_already(tmp_path: Path) -
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["otel_tracking.facade", "otel_tracking.facade", "verl.utils.tracking"]
+
+
+def test_ray_init_gets_the_runtime_env_and_the_setup_hook_where_plugins_do_not_reach(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    from otel_tracking.verl.ray_env import SETUP_HOOK, merged_runtime_env
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20secret-token")
+    monkeypatch.setenv("VERL_USE_EXTERNAL_PLUGINS", "none")  # verl's plugins will not load us
+    env = merged_runtime_env({"env_vars": {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://mine:4318"}, "pip": ["x"]})
+    assert env["env_vars"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://mine:4318", "the caller's runtime_env wins"
+    assert env["env_vars"]["OTEL_TRACKING_VERL"] == "1" and env["pip"] == ["x"]
+    assert "secret-token" not in repr(env)
+    assert env["worker_process_setup_hook"] == SETUP_HOOK
+    assert merged_runtime_env({"worker_process_setup_hook": "mine.setup"})["worker_process_setup_hook"] == "mine.setup"
+    monkeypatch.delenv("VERL_USE_EXTERNAL_PLUGINS")
+    try:
+        has_plugins = Version(version("verl")) >= Version("0.9.0")
+    except PackageNotFoundError:
+        has_plugins = False  # the main venv: no verl, as for 0.7 and 0.8
+    assert ("worker_process_setup_hook" in merged_runtime_env(None)) is not has_plugins
