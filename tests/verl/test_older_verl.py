@@ -81,12 +81,8 @@ def test_a_late_switch_rebinds_what_verl_modules_bound_already(tmp_path: Path) -
 
 
 def test_ray_init_gets_the_runtime_env_and_the_setup_hook_where_plugins_do_not_reach(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.version import Version
-
     from otel_tracking.verl.ray_env import SETUP_HOOK, merged_runtime_env
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
@@ -98,9 +94,12 @@ def test_ray_init_gets_the_runtime_env_and_the_setup_hook_where_plugins_do_not_r
     assert "secret-token" not in repr(env)
     assert env["worker_process_setup_hook"] == SETUP_HOOK
     assert merged_runtime_env({"worker_process_setup_hook": "mine.setup"})["worker_process_setup_hook"] == "mine.setup"
-    monkeypatch.delenv("VERL_USE_EXTERNAL_PLUGINS")
-    try:
-        has_plugins = Version(version("verl")) >= Version("0.9.0")
-    except PackageNotFoundError:
-        has_plugins = False  # the main venv: no verl, as for 0.7 and 0.8
-    assert ("worker_process_setup_hook" in merged_runtime_env(None)) is not has_plugins
+    # verl 0.9.1's metadata (what importlib.metadata reads), whatever this venv holds
+    dist = tmp_path / "verl-0.9.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: verl\nVersion: 0.9.1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("VERL_USE_EXTERNAL_PLUGINS", "auto")
+    assert "worker_process_setup_hook" not in merged_runtime_env(None), "import verl loads the plugin there"
+    monkeypatch.setenv("VERL_USE_EXTERNAL_PLUGINS", "someone_else")
+    assert merged_runtime_env(None)["worker_process_setup_hook"] == SETUP_HOOK
