@@ -22,7 +22,7 @@ import inspect
 from types import ModuleType
 from typing import Any
 
-from otel_tracking.verl.guard import cannot_patch, quietly
+from otel_tracking.verl.guard import cannot_patch, logger, quietly
 
 CARRIER = "_otel_context"  # the same keyword as otel_tracking.ray_tracing's
 TAKES_CARRIER = "otel_tracking.carrier"  # a key in verl's MAGIC_ATTR dict of a method we wrapped
@@ -153,7 +153,11 @@ def _patch_worker_group(base: ModuleType) -> None:
 
     @functools.wraps(verl_execute)
     def _execute_remote_single_worker(self: Any, worker: Any, method_name: str, *args: Any, **kwargs: Any) -> Any:
-        if CARRIER not in kwargs and quietly("worker-group call", _takes_carrier, self, method_name, default=False):
+        if (
+            CARRIER not in kwargs
+            and quietly("worker-group call", _workers_instrumented, default=False)
+            and quietly("worker-group call", _takes_carrier, self, method_name, default=False)
+        ):
             carrier = quietly("worker-group call", inject)
             if carrier:
                 kwargs[CARRIER] = carrier
@@ -161,6 +165,39 @@ def _patch_worker_group(base: ModuleType) -> None:
 
     setattr(_execute_remote_single_worker, _PATCHED, True)
     group._execute_remote_single_worker = _execute_remote_single_worker  # type: ignore[union-attr]
+
+
+_instrumented: list[bool] = []  # this job's workers: instrumented or not (decided once per process)
+
+
+def _workers_instrumented() -> bool:
+    """Whether this Ray job's workers are instrumented too (the switch or our setup hook in its
+    ``runtime_env``, as our ``ray.init`` puts them): a carrier sent to a worker whose methods are
+    verl's own would be a keyword they do not know.  When not (``ray.init`` ran before the switch),
+    calls carry no context, and one warning says why."""
+    if not _instrumented:
+        import ray
+
+        from otel_tracking.verl import switch
+        from otel_tracking.verl.ray_env import SETUP_HOOK
+
+        runtime_env = ray.get_runtime_context().runtime_env or {}
+        env_vars = runtime_env.get("env_vars") or {}
+        hook = str(runtime_env.get("worker_process_setup_hook") or "") + str(env_vars.get(_RAY_HOOK_VAR) or "")
+        on = str(env_vars.get(switch.SWITCH, "")).strip().lower() in switch.TRUE or SETUP_HOOK in hook
+        if not on:
+            logger.warning(
+                "otel-tracking: this Ray job's workers are not instrumented (ray.init ran before otel_tracking.verl "
+                "was switched on, and its runtime_env has neither %s=1 nor worker_process_setup_hook=%s): "
+                "worker-group calls carry no trace context",
+                switch.SWITCH,
+                SETUP_HOOK,
+            )
+        _instrumented.append(on)
+    return _instrumented[0]
+
+
+_RAY_HOOK_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # where Ray keeps a job's setup hook
 
 
 def _takes_carrier(group: Any, method_name: str) -> bool:

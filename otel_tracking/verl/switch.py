@@ -12,11 +12,11 @@ import os
 SWITCH = "OTEL_TRACKING_VERL"
 # simple_timer runs once per sample in the agent loops: spans for it only when asked.
 SIMPLE_TIMER = "OTEL_TRACKING_VERL_SIMPLE_TIMER"
-_TRUE = ("1", "true", "yes", "on")
+TRUE = ("1", "true", "yes", "on")
 
 
 def _truthy(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
+    return os.environ.get(name, "").strip().lower() in TRUE
 
 
 def disabled_by_otel() -> bool:

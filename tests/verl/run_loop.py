@@ -2,7 +2,7 @@
 of its own, connected to the test's cluster): the tests run it switched off, switched on each of
 the three ways, and against a stand-in "future verl".
 
-    python run_loop.py --address ADDR --out result.json [--steps 2] [--in-actor] [--setup-hook]
+    python run_loop.py --address ADDR --out result.json [--steps 2] [--in-actor] [--setup-hook] [--ray-first]
 
 It writes what the loop computed (to compare on and off) and the run id to ``--out``.  Like verl's
 legacy trainer, it never calls ``Tracking.finish()``: the run must end at exit by itself.
@@ -93,7 +93,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--in-actor", action="store_true")
     parser.add_argument("--setup-hook", action="store_true")
+    parser.add_argument("--ray-first", action="store_true", help="ray.init before import verl (before the switch)")
     args = parser.parse_args()
+    if not args.ray_first:
+        import verl  # noqa: F401  # first, as verl's entry points do: its plugins load here
     env_vars = {"PYTHONPATH": os.environ["PYTHONPATH"]}
     if args.setup_hook:  # `ray job submit --runtime-env-json ...`: the driver is left alone
         for name, value in os.environ.items():

@@ -200,6 +200,16 @@ def test_ray_worker_setup_hook(cluster: str, tmp_path: Path, receiver: HttpRecei
     assert_span_tree(arrived_spans(receiver), on["run_id"])
 
 
+def test_ray_started_before_the_switch_still_trains(cluster: str, tmp_path: Path, off: dict[str, Any]) -> None:
+    """``ray.init`` before ``import verl``: the job's workers are not instrumented (the runtime_env
+    merge came too late), so the driver sends them no keyword they do not know: training runs as
+    verl's, and one warning says why the calls carry no context."""
+    on = run_loop(cluster, tmp_path, env={"OTEL_TRACKING_VERL": "1"}, args=("--ray-first",))
+    assert on["tracking"] == "otel_tracking.facade"
+    assert on["results"] == off["results"]
+    assert on["stderr"].count("this Ray job's workers are not instrumented") == 1
+
+
 def test_future_verl_lacking_a_patched_name(
     cluster: str, tmp_path: Path, receiver: HttpReceiver, off: dict[str, Any]
 ) -> None:
