@@ -152,6 +152,9 @@ def child_micro(spec: dict[str, Any]) -> dict[str, Any]:
     group = object.__new__(RayWorkerGroup)
     group.fused_worker_used = False
     group.ray_cls_with_init = type("CIA", (), {"cls": Cls})()
+    from otel_tracking.verl import dispatch
+
+    dispatch._instrumented[:] = [True]  # as in a Ray job whose workers are instrumented (no Ray here)
     ours = RayWorkerGroup._execute_remote_single_worker
     theirs = ours.__wrapped__
     Tracking("bench", "micro", default_backend=[])

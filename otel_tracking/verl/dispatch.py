@@ -178,6 +178,8 @@ def _workers_instrumented() -> bool:
     if not _instrumented:
         import ray
 
+        if not ray.is_initialized():
+            return False  # no job yet (get_runtime_context would start one); asked again next call
         from otel_tracking.verl import switch
         from otel_tracking.verl.ray_env import SETUP_HOOK
 
