@@ -1,0 +1,353 @@
+"""verl, unchanged: what the instrumentation costs a verl run.  Run with the verl venv's python
+(``scripts/verl-venv`` prints it):
+
+    $(scripts/verl-venv) bench/bench_verl.py                  # every part
+    $(scripts/verl-venv) bench/bench_verl.py --parts micro,import
+
+Parts (each instrumented run beside the same thing uninstrumented, in a process of its own):
+
+  calls   a real ``RayWorkerGroup`` of 2 workers on a local Ray cluster: the wall time of one
+          worker-group call (a no-op method, and one that works 20 ms), p50 and p90, with
+          ``OTEL_TRACKING_VERL=1`` and without; inside a ``marked_timer`` phase, as in verl.
+  micro   the two wrappers alone, in one process: the driver side (``_execute_remote_single_worker``:
+          which method, the carrier) and the worker side (``register``'s wrapper: the carrier
+          attached and detached), each beside verl's own function; p50 per call.
+  import  ``python -c "import verl"``: switched on, switched off (the plugin loads and does
+          nothing), and no plugins at all (``VERL_USE_EXTERNAL_PLUGINS=none``); median wall time.
+  cpu     a worker process calling a ``DistProfiler.annotate``d method, carrier included, 200
+          times a second for --cpu-seconds: CPU seconds per wall second (all threads), its spans
+          exported over OTLP to a local endpoint, beside the same worker uninstrumented.
+
+Results: bench/results/<UTC date>-verl.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    env.update(extra)
+    return env
+
+
+def child(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, str(HERE), "--child", json.dumps(spec)], env=env, capture_output=True, text=True, timeout=900
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-4000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --- calls ---------------------------------------------------------------------------------------
+
+
+def child_calls(spec: dict[str, Any]) -> dict[str, Any]:
+    import ray
+
+    sys.path.insert(0, str(HERE.parent))
+    from bench_verl_workers import BenchWorker
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verl.utils.profiler import marked_timer
+    from verl.utils.tracking import Tracking
+
+    ray.init(address=spec["address"], runtime_env={"env_vars": {"PYTHONPATH": str(HERE.parent)}})
+    tracking = Tracking("bench", "calls", default_backend=["file"])
+    group = RayWorkerGroup(RayResourcePool([2], use_gpu=False), RayClassWithInitArgs(cls=BenchWorker))
+    group.noop(0)  # warm
+    out: dict[str, Any] = {}
+    for method, calls in (("noop", spec["calls"]), ("work20", spec["calls20"])):
+        times = []
+        timing: dict[str, float] = {}
+        with marked_timer(method, timing):
+            for i in range(calls):
+                start = time.perf_counter()
+                getattr(group, method)(i)
+                times.append(time.perf_counter() - start)
+        out[method] = {"p50_ms": 1000 * pct(times, 0.5), "p90_ms": 1000 * pct(times, 0.9), "calls": calls}
+    tracking.log({"done": 1}, 1)
+    return out
+
+
+def part_calls(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import ray
+
+    ray.init(num_cpus=100, include_dashboard=False, log_to_driver=False)
+    try:
+        address = ray.get_runtime_context().gcs_address
+        spec = {"mode": "calls", "address": address, "calls": args.calls, "calls20": args.calls20}
+        result: dict[str, Any] = {"off": [], "on": []}
+        for _ in range(args.rounds):  # interleaved: the machine's load hits both alike
+            for mode in ("off", "on"):
+                extra = {"OTEL_TRACKING_VERL": "1"} if mode == "on" else {}
+                env = clean_env(VERL_FILE_LOGGER_PATH=str(tmp / f"{mode}.jsonl"), OTEL_TRACES_EXPORTER="none",
+                                OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
+                                OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"), **extra)  # fmt: skip
+                result[mode].append(child(spec, env))
+    finally:
+        ray.shutdown()
+    summary: dict[str, Any] = {}
+    for method in ("noop", "work20"):
+        off = statistics.median(r[method]["p50_ms"] for r in result["off"])
+        on = statistics.median(r[method]["p50_ms"] for r in result["on"])
+        added = on - off
+        summary[method] = {"off_p50_ms": off, "on_p50_ms": on, "added_ms": added, "added_pct": 100 * added / off}
+    return {"rounds": result, "summary": summary}
+
+
+# --- micro ---------------------------------------------------------------------------------------
+
+
+def child_micro(spec: dict[str, Any]) -> dict[str, Any]:
+    from otel_tracking.verl import install
+
+    install("bench")
+    import verl.single_controller.base.decorator as decorator
+    from opentelemetry import context
+    from verl.single_controller.base.decorator import Dispatch, register
+    from verl.single_controller.ray.base import RayWorkerGroup
+
+    from otel_tracking import Tracking, trace_state
+    from otel_tracking.propagation import inject
+
+    class Work:
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def step(self, x: int) -> int:
+            return x
+
+        @decorator.verl_register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def verl_step(self, x: int) -> int:
+            return x
+
+    class Method:
+        def remote(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    class Handle:
+        step = Method()
+
+    class Cls:
+        __ray_actor_class__ = Work
+
+    group = object.__new__(RayWorkerGroup)
+    group.fused_worker_used = False
+    group.ray_cls_with_init = type("CIA", (), {"cls": Cls})()
+    from otel_tracking.verl import dispatch
+
+    dispatch._instrumented[:] = [True]  # as in a Ray job whose workers are instrumented (no Ray here)
+    ours = RayWorkerGroup._execute_remote_single_worker
+    theirs = ours.__wrapped__
+    Tracking("bench", "micro", default_backend=[])
+    n = spec["n"]
+    worker = Work()
+    results: dict[str, list[float]] = {"driver_ours": [], "driver_verl": [], "worker_ours": [], "worker_verl": []}
+    with trace_state("phase"):
+        carrier = inject()
+        for _ in range(spec["rounds"]):
+            for name, call in (
+                ("driver_ours", lambda: ours(group, Handle, "step", 1)),
+                ("driver_verl", lambda: theirs(group, Handle, "step", 1)),
+            ):
+                start = time.perf_counter()
+                for _ in range(n):
+                    call()
+                results[name].append((time.perf_counter() - start) / n)
+            token = context.attach(context.Context())  # a worker has no current span of its own
+            for name, call in (
+                ("worker_ours", lambda: worker.step(1, _otel_context=carrier)),
+                ("worker_verl", lambda: worker.verl_step(1)),
+            ):
+                start = time.perf_counter()
+                for _ in range(n):
+                    call()
+                results[name].append((time.perf_counter() - start) / n)
+            context.detach(token)
+    return {name: 1e6 * statistics.median(values) for name, values in results.items()}
+
+
+def part_micro(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    us = child({"mode": "micro", "n": args.micro_n, "rounds": args.micro_rounds},
+               clean_env(OTEL_SDK_DISABLED="false", OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
+                         OTEL_LOGS_EXPORTER="none", OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool")))  # fmt: skip
+    return {
+        "per_call_us": us,
+        "driver_added_us": us["driver_ours"] - us["driver_verl"],
+        "worker_added_us": us["worker_ours"] - us["worker_verl"],
+    }
+
+
+# --- import --------------------------------------------------------------------------------------
+
+
+def part_import(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    modes = {
+        "on": {"OTEL_TRACKING_VERL": "1"},
+        "off": {},
+        "no_plugins": {"VERL_USE_EXTERNAL_PLUGINS": "none"},
+    }
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    for _ in range(args.import_rounds):
+        for mode, extra in modes.items():
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "import verl"], env=clean_env(**extra), check=True,
+                           capture_output=True)  # fmt: skip
+            times[mode].append(time.perf_counter() - start)
+    medians = {mode: 1000 * statistics.median(values) for mode, values in times.items()}
+    return {"median_ms": medians, "on_minus_no_plugins_ms": medians["on"] - medians["no_plugins"]}
+
+
+# --- cpu -----------------------------------------------------------------------------------------
+
+
+def child_cpu(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec["instrumented"]:
+        from otel_tracking.verl import install
+
+        install("bench")
+    from verl.single_controller.base.decorator import Dispatch, register
+    from verl.utils.profiler import DistProfiler
+
+    class Worker:
+        def __init__(self) -> None:
+            self.profiler = DistProfiler(rank=0)
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        @DistProfiler.annotate(role="actor_update")
+        def update(self, x: int) -> int:
+            return x
+
+    worker = Worker()
+    kwargs = {"_otel_context": spec["carrier"]} if spec["instrumented"] else {}
+    rate, seconds = spec["rate"], spec["seconds"]
+    start_wall = time.monotonic()
+    start_cpu = resource.getrusage(resource.RUSAGE_SELF)
+    i = 0
+    while (now := time.monotonic()) < start_wall + seconds:
+        due = start_wall + i / rate
+        if now < due:
+            time.sleep(due - now)
+        worker.update(i, **kwargs)
+        i += 1
+    end_cpu = resource.getrusage(resource.RUSAGE_SELF)
+    wall = time.monotonic() - start_wall
+    cpu = (end_cpu.ru_utime - start_cpu.ru_utime) + (end_cpu.ru_stime - start_cpu.ru_stime)
+    return {"calls": i, "wall_s": wall, "cpu_per_wall_s": cpu / wall, "rss_mb": end_cpu.ru_maxrss / 1024}
+
+
+def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO))
+    from tests.otlp_receiver import HttpReceiver
+
+    carrier = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "baggage": "ml.run.id=bench,ml.step=1"}
+    out: dict[str, Any] = {}
+    with HttpReceiver() as receiver:
+        env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"),
+                        RANK="0")  # fmt: skip
+        for mode in ("off", "on"):
+            spec = {"mode": "cpu", "instrumented": mode == "on", "carrier": carrier, "rate": args.rate,
+                    "seconds": args.cpu_seconds}  # fmt: skip
+            out[mode] = child(spec, env)
+        out["spans_arrived"] = len(receiver.received.spans())
+    out["added_cpu_pct_of_a_core"] = 100 * (out["on"]["cpu_per_wall_s"] - out["off"]["cpu_per_wall_s"])
+    return out
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"# bench_verl ({report['date']})", "", f"`{report['command']}`", ""]
+    if "calls" in report:
+        lines += ["## One worker-group call (RayWorkerGroup of 2, p50 of each round's p50)", "",
+                  "| method | off p50 ms | on p50 ms | added ms | added % |", "|---|---|---|---|---|"]  # fmt: skip
+        for method, s in report["calls"]["summary"].items():
+            cells = (s["off_p50_ms"], s["on_p50_ms"], s["added_ms"])
+            lines.append(f"| {method} | " + " | ".join(f"{v:.3f}" for v in cells) + f" | {s['added_pct']:.1f} |")
+        lines.append("")
+    if "micro" in report:
+        m = report["micro"]
+        lines += ["## The wrappers alone (µs per call, median of rounds)", "", "| | ours | verl's | added |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for side in ("driver", "worker"):
+            ours, theirs = m["per_call_us"][f"{side}_ours"], m["per_call_us"][f"{side}_verl"]
+            lines.append(f"| {side} | {ours:.1f} | {theirs:.1f} | {ours - theirs:.1f} |")
+        lines.append("")
+    if "import" in report:
+        i = report["import"]["median_ms"]
+        lines += [
+            "## `python -c 'import verl'` (median ms)",
+            "",
+            "| on | off (plugin does nothing) | no plugins |",
+            "|---|---|---|",
+            f"| {i['on']:.0f} | {i['off']:.0f} | {i['no_plugins']:.0f} |",
+            "",
+        ]
+    if "cpu" in report:
+        c = report["cpu"]
+        off, on = c["off"]["cpu_per_wall_s"], c["on"]["cpu_per_wall_s"]
+        lines += [
+            "## A worker at 200 DistProfiler spans/s (CPU s per wall s)",
+            "",
+            "| off | on | added (% of a core) | spans arrived |",
+            "|---|---|---|---|",
+            f"| {off:.3f} | {on:.3f} | {c['added_cpu_pct_of_a_core']:.1f} | {c['spans_arrived']} |",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--parts", default="micro,import,cpu,calls")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved off/on rounds of the calls part")
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--calls20", type=int, default=60)
+    parser.add_argument("--micro-n", type=int, default=2000)
+    parser.add_argument("--micro-rounds", type=int, default=7)
+    parser.add_argument("--import-rounds", type=int, default=5)
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--cpu-seconds", type=float, default=20.0)
+    parser.add_argument("--no-save", action="store_true")
+    args = parser.parse_args()
+    if args.child:
+        spec = json.loads(args.child)
+        print(json.dumps({"calls": child_calls, "micro": child_micro, "cpu": child_cpu}[spec["mode"]](spec)))
+        return 0
+    parts = {"micro": part_micro, "import": part_import, "cpu": part_cpu, "calls": part_calls}
+    report: dict[str, Any] = {
+        "command": " ".join(["python", "bench/bench_verl.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.parts.split(","):
+            print(f"-- {name}", file=sys.stderr, flush=True)
+            report[name] = parts[name](args, Path(tmp))
+    text = render(report)
+    print(text)
+    if not args.no_save:
+        out = REPO / "bench" / "results" / f"{report['date']}-verl"
+        out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        out.with_suffix(".md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

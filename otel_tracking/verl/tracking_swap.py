@@ -1,0 +1,156 @@
+"""``verl.utils.tracking``: verl's facade becomes ours, and verl's ``RLInsightLogger`` records.
+
+The three classes are replaced in the module right after it loads, before any trainer binds them
+(at import, like the v1 trainer, or inside ``fit()``, like the legacy one); a verl module that
+bound them earlier gets ours too.  ``RLInsightLogger`` stays verl's class, called as it always is
+(``RLInsightLogger.trace_state(...)`` through the class object), with three methods patched on it:
+
+* ``trace_state``: our span (``otel_tracking.spans.trace_state``), in every process, whatever
+  ``VERL_RL_INSIGHT_ENABLE`` says; when rl_insight is enabled too, verl's own goes on inside it;
+* ``log``: the values as gauges on the OTLP path of this process's run (the ML trackers get the
+  values through ``Tracking``), then verl's;
+* ``register_metrics`` (which ``register_rollout_metrics`` and ``register_transfer_queue_metrics``
+  call): the scrape targets recorded as ours are (``otel_tracking.targets``), then verl's.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+from otel_tracking.verl.guard import cannot_patch, quietly
+
+FACADE = ("Tracking", "ValidationGenerationsLogger", "DapoFilteredRewardTableLogger")
+RL_INSIGHT_METHODS = ("trace_state", "log", "register_metrics")
+_PATCHED = "__otel_tracking_patched__"
+
+
+def patch(module: ModuleType) -> None:
+    if getattr(module, _PATCHED, False):
+        return
+    setattr(module, _PATCHED, True)
+    import otel_tracking.facade
+    import otel_tracking.generations
+
+    ours = {
+        "Tracking": otel_tracking.facade.Tracking,
+        "ValidationGenerationsLogger": otel_tracking.generations.ValidationGenerationsLogger,
+        "DapoFilteredRewardTableLogger": otel_tracking.generations.DapoFilteredRewardTableLogger,
+    }
+    missing = []
+    for name in FACADE:
+        theirs = getattr(module, name, None)
+        if theirs is None:
+            missing.append(name)
+            continue
+        setattr(module, f"verl_{name}", theirs)  # verl's own, for whoever needs it
+        setattr(module, name, ours[name])
+        _rebind(theirs, ours[name])
+    insight = getattr(module, "RLInsightLogger", None)
+    if insight is None:
+        missing.append("RLInsightLogger")
+    else:
+        missing.extend(f"RLInsightLogger.{name}" for name in patch_rl_insight(insight))
+    cannot_patch(module.__name__, missing)
+
+
+def _rebind(theirs: object, ours: object) -> None:
+    """verl modules that imported the name before we were installed (``worker_setup`` in a process
+    that had imported verl already) see ours too."""
+    for name, loaded in list(sys.modules.items()):
+        if loaded is None or not (name == "verl" or name.startswith("verl.")):
+            continue
+        for attribute, value in list(vars(loaded).items()):
+            if value is theirs and not attribute.startswith("verl_"):
+                setattr(loaded, attribute, ours)
+
+
+def patch_rl_insight(cls: type) -> list[str]:
+    """Patch the three methods on verl's class; returns the names it does not have."""
+    missing = [name for name in RL_INSIGHT_METHODS if not callable(getattr(cls, name, None))]
+    if "trace_state" not in missing:
+        cls.trace_state = _trace_state(cls.trace_state)  # type: ignore[attr-defined]
+    if "log" not in missing:
+        cls.log = _log(cls.log)  # type: ignore[attr-defined]
+    if "register_metrics" not in missing:
+        cls.register_metrics = _register_metrics(cls.register_metrics)  # type: ignore[attr-defined]
+    return missing
+
+
+def _verl_enabled(cls: Any) -> bool:
+    return bool(quietly("RLInsightLogger.enabled", cls.enabled, default=False))
+
+
+def _open_span(state_name: Any, state_lane_id: Any, labels: dict[str, Any]) -> Any:
+    from otel_tracking.spans import trace_state
+    from otel_tracking.worker import default_role
+
+    if isinstance(state_lane_id, str) and state_lane_id.startswith("replica_"):
+        default_role("rollout")  # the vLLM / SGLang servers' lanes
+    state = trace_state(str(state_name), state_lane_id=state_lane_id, **labels)
+    state.__enter__()
+    return state
+
+
+def _close_span(state: Any, exc: BaseException | None) -> None:
+    if state is not None:
+        state.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc is not None else None)
+
+
+def _trace_state(verl_trace_state: Any) -> Any:
+    verl_function = verl_trace_state.__func__  # the contextmanager function under the classmethod
+
+    @contextmanager
+    def trace_state(cls: Any, state_name: str, *, state_lane_id: Any = None, **labels: Any) -> Iterator[None]:
+        state = quietly("trace_state span", _open_span, state_name, state_lane_id, labels)
+        try:
+            if _verl_enabled(cls):  # rl_insight gets it too
+                with verl_function(cls, state_name, state_lane_id=state_lane_id, **labels):
+                    yield
+            else:
+                yield
+        except BaseException as exc:
+            quietly("trace_state span", _close_span, state, exc)
+            raise
+        quietly("trace_state span", _close_span, state, None)
+
+    trace_state.__doc__ = verl_function.__doc__
+    trace_state.__wrapped_by_otel_tracking__ = True  # type: ignore[attr-defined]
+    return classmethod(trace_state)
+
+
+def _gauges(data: Any, step: Any) -> None:
+    from otel_tracking.worker import worker_run
+
+    run = worker_run()
+    if run is not None:
+        run.log(dict(data), step, backends=())  # the OTLP path only, as rl_insight's gauges were
+
+
+def _log(verl_log: Any) -> Any:
+    verl_function = verl_log.__func__
+
+    def log(cls: Any, data: Any, step: Any) -> Any:
+        quietly("RLInsightLogger.log", _gauges, data, step)
+        return verl_function(cls, data, step)
+
+    return classmethod(log)
+
+
+def _targets(server_addresses: Any, job_name: Any, labels: Any) -> None:
+    from otel_tracking.targets import register_scrape_targets
+
+    register_scrape_targets(list(server_addresses), job_name, labels)
+
+
+def _register_metrics(verl_register: Any) -> Any:
+    verl_function = verl_register.__func__
+
+    def register_metrics(cls: Any, server_addresses: Any, job_name: Any = None, labels: Any = None) -> Any:
+        quietly("RLInsightLogger.register_metrics", _targets, server_addresses, job_name, labels)
+        return verl_function(cls, server_addresses, job_name, labels)
+
+    return classmethod(register_metrics)
