@@ -3,7 +3,7 @@
 The SDK's default generator draws ids from the global ``random`` module, which training code
 seeds for reproducibility (``random.seed(seed)`` in every worker): two workers, or two runs,
 seeded alike then produce identical trace and span ids, and their spans overwrite each other in
-Jaeger.  Ids here come from ``os.urandom``, read a page at a time (one system call per 4096 ids
+Jaeger.  Ids here come from ``os.urandom``, read 64 KiB at a time (one system call per 8192 span ids
 instead of one per id) and never shared across ``fork()``: a child drops the bytes its parent
 had read ahead.
 """

@@ -1,4 +1,6 @@
-"""Every environment variable the project reads is read here, and nowhere else.
+"""The runtime's variables (``OTEL_*``, ``OTEL_TRACKING_*``) are read here; the README's design notes
+say which other module reads which variable (each bridge its backend's, replay its destinations,
+the CLI its own, the verl switch, the stack's cache).
 
 The facade builds one :class:`Settings` per run from explicit arguments plus the environment; the
 exporters, which must also work when a plain OpenTelemetry SDK constructs them with no arguments,
