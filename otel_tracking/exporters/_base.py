@@ -252,6 +252,21 @@ class BridgeSession(ABC):
     def finish(self, exit_code: int = 0) -> None: ...
 
 
+class HighestStep:
+    """For a session whose backend keeps each series in step order (ClearML, SwanLab): spans and
+    generations without a step land at the highest step written so far, not at the latest."""
+
+    _high_step = 0
+
+    @property
+    def last_step(self) -> int:
+        return self._high_step
+
+    @last_step.setter
+    def last_step(self, step: int) -> None:
+        self._high_step = max(self._high_step, step)
+
+
 _E = TypeVar("_E", bound="_UsesSession")
 
 
@@ -556,6 +571,7 @@ __all__: Sequence[str] = [
     "BridgeSession",
     "BridgeSpanExporter",
     "Event",
+    "HighestStep",
     "PhaseTiming",
     "StepMetricExporter",
     "StepRecord",

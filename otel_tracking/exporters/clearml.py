@@ -45,6 +45,7 @@ from otel_tracking.exporters._base import (
     BridgeParts,
     BridgeSession,
     Event,
+    HighestStep,
     StepRecord,
     bridge_exporters,
     sample_parts,
@@ -92,7 +93,7 @@ def _forget_closed_parent_task() -> None:
             del os.environ[variable]
 
 
-class ClearMLSession(BridgeSession):
+class ClearMLSession(HighestStep, BridgeSession):
     """One ClearML task shared by the metric, span and log exporters of one process."""
 
     def __init__(self, context: BridgeContext) -> None:
@@ -121,7 +122,6 @@ class ClearMLSession(BridgeSession):
                 logger.debug("clearml connect_configuration failed; connecting a JSON copy", exc_info=True)
                 self.task.connect_configuration(_json_safe(configuration), name=CONFIGURATION_NAME)
         self.logger: Any = self.task.get_logger()
-        self._high_step = 0
         self.finished = False
         self.skipped_non_finite = 0
         self._lock = threading.Lock()
@@ -140,15 +140,6 @@ class ClearMLSession(BridgeSession):
             return f"ClearML task {self.task.id}: {self.task.get_output_log_web_page()}"
         except Exception:
             return f"ClearML task {context.project}/{context.experiment}"
-
-    @property
-    def last_step(self) -> int:
-        """The highest step written so far: spans and generations without a step land there."""
-        return self._high_step
-
-    @last_step.setter
-    def last_step(self, step: int) -> None:
-        self._high_step = max(self._high_step, step)
 
     # --- writing -------------------------------------------------------------------------------
 

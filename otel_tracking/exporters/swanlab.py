@@ -36,6 +36,7 @@ from otel_tracking.exporters._base import (
     BridgeParts,
     BridgeSession,
     Event,
+    HighestStep,
     StepRecord,
     bridge_exporters,
     sample_parts,
@@ -74,7 +75,7 @@ def swanlab_init_arguments(context: BridgeContext) -> tuple[str | None, dict[str
     return api_key, kwargs
 
 
-class SwanLabSession(BridgeSession):
+class SwanLabSession(HighestStep, BridgeSession):
     """One SwanLab run shared by the metric, span and log exporters of one process."""
 
     def __init__(self, context: BridgeContext) -> None:
@@ -87,7 +88,6 @@ class SwanLabSession(BridgeSession):
         self.run = swanlab.init(**kwargs)
         run_id = getattr(self.run, "id", None)
         self.resume = {"id": str(run_id)} if run_id else None  # how a resumed run reattaches
-        self._high_step = 0
         self.finished = False
         self._lock = threading.Lock()
         run_dir = getattr(self.run, "dir", None)
@@ -98,15 +98,6 @@ class SwanLabSession(BridgeSession):
     @classmethod
     def open(cls, context: BridgeContext) -> SwanLabSession:
         return cls(context)
-
-    @property
-    def last_step(self) -> int:
-        """The highest step written so far: spans and generations without a step land there."""
-        return self._high_step
-
-    @last_step.setter
-    def last_step(self, step: int) -> None:
-        self._high_step = max(self._high_step, step)
 
     # --- writing -------------------------------------------------------------------------------
 
