@@ -127,7 +127,7 @@ def _gauges(data: Any, step: Any) -> None:
 
     run = worker_run()
     if run is not None:
-        run.log(dict(data), step, backends=())  # the OTLP path only, as rl_insight's gauges were
+        run.observe(dict(data), step)  # OTLP gauges only, as rl_insight's; the driver's step stays log()'s
 
 
 def _log(verl_log: Any) -> Any:

@@ -129,3 +129,46 @@ def test_ray_init_gets_the_runtime_env_and_the_setup_hook_where_plugins_do_not_r
     assert "worker_process_setup_hook" not in merged_runtime_env(None), "import verl loads the plugin there"
     monkeypatch.setenv("VERL_USE_EXTERNAL_PLUGINS", "someone_else")
     assert merged_runtime_env(None)["worker_process_setup_hook"] == SETUP_HOOK
+
+
+INSIGHT = """
+import json
+from otel_tracking.verl import install
+install("test")
+from verl.utils.tracking import RLInsightLogger, Tracking
+tracking = Tracking("proj", "exp", default_backend="file")
+with RLInsightLogger.trace_state("generate", state_lane_id="replica_0"):
+    pass
+tracking.log({"actor/loss": 0.5}, step=1)
+RLInsightLogger.log({"rollout/tokens_per_s": 900.0}, step=500)  # rl_insight's own step
+with RLInsightLogger.trace_state("generate", state_lane_id="replica_0"):
+    pass
+tracking.log({"actor/loss": 0.25}, step=2)
+tracking.finish()
+"""
+
+
+def test_rl_insight_log_does_not_move_the_drivers_step(tmp_path: Path) -> None:
+    """verl 0.9.1's ``RLInsightLogger`` patched on the class (its ``tracking.py`` alone, no torch):
+    ``RLInsightLogger.log(step=500)`` feeds the OTLP gauges only, so the next phase is stamped
+    step 2, not 501, and the file sink keeps Tracking's steps (issue 19, item 10)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    sink = tmp_path / "exp.jsonl"
+    env.update(
+        PYTHONPATH=str(older_verl("0.9.1")),
+        VERL_FILE_LOGGER_PATH=str(sink),
+        OTEL_TRACKING_SPOOL_DIR=str(tmp_path / "spool"),
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", INSIGHT], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["step"] for line in sink.read_text().splitlines()] == [1, 2]
+    events = [json.loads(line) for line in (tmp_path / "exp.events.jsonl").read_text().splitlines()]
+    phases = [e for e in events if e.get("name") == "generate"]
+    # the phase after the insight values: the step in progress is Tracking's 2 (the first phase's
+    # stamp is issue 21's step-0 question, not this test's)
+    assert phases[1]["attributes"]["ml.step"] == 2, phases
+    assert {p["attributes"]["ml.lane"] for p in phases} == {"replica_0"}
