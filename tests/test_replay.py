@@ -180,6 +180,7 @@ def test_replay_delivers_the_attempts_of_a_run_in_the_order_they_were_logged(iso
     assert spans == ["otlp-traces-0", "otlp-traces-1", "otlp-traces.attempt2-0", "otlp-traces.attempt2-1"]
 
 
+@pytest.mark.backend  # a real mlflow server: not in the floor venv, which has no tracker extras
 def test_replay_of_a_tracker_that_never_opened_goes_to_the_store_the_run_named(
     isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
