@@ -103,15 +103,7 @@ class Server:
             return ""
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
+        stop_group(self.process)
 
 
 def tensorboard(logdir: Path, log_dir: Path) -> Server:
@@ -296,14 +288,7 @@ class Browser:
     def close(self) -> None:
         for page in self._pages:
             page.close()
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
+        stop_group(self.process)
         shutil.rmtree(self._profile, ignore_errors=True)
 
 
@@ -335,3 +320,17 @@ __all__ = [
     "wait_for",
 ]
 
+
+def stop_group(process: subprocess.Popen[Any]) -> None:
+    """SIGTERM to the process's group (a viewer's server and its workers, or chromium and its
+    helpers), SIGKILL after 15 s."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)
