@@ -8,4 +8,8 @@ import importlib.util
 
 NEEDS_VERL = ["test_loop.py", "test_never_break.py", "test_verl_own_tests.py"]
 
-collect_ignore = [] if importlib.util.find_spec("verl") is not None else NEEDS_VERL
+# With ``tests`` on pytest's pythonpath, this folder itself is a namespace package named ``verl``:
+# only a real verl (a package with an ``__init__.py``) counts.
+_spec = importlib.util.find_spec("verl")
+HAS_VERL = _spec is not None and (_spec.origin or "").endswith("__init__.py")
+collect_ignore = [] if HAS_VERL else NEEDS_VERL
