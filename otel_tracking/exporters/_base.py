@@ -215,6 +215,18 @@ class BridgeSession(ABC):
     @abstractmethod
     def write_step(self, record: StepRecord) -> bool: ...
 
+    def write_steps(self, records: Sequence[StepRecord]) -> list[StepRecord | None]:
+        """Several steps, in order: for each, None when it landed, else what of it did not (the
+        record itself when nothing did).  A backend with a bulk path (MLflow's ``log_batch`` of up
+        to 1,000 metrics) packs them into few requests; by default one ``write_step`` each, and
+        after a failure the rest wait (step order)."""
+        rests: list[StepRecord | None] = []
+        for index, record in enumerate(records):
+            if not self.write_step(record):
+                return rests + list(records[index:])
+            rests.append(None)
+        return rests
+
     @abstractmethod
     def write_timing(self, step: int, key: str, seconds: float) -> bool: ...
 
@@ -320,15 +332,20 @@ class _UsesSession:
         try:
             return write()
         except Exception as error:
-            # The first failure says why, once per exporter (in the bridge process too: its stderr
-            # is the training process's); later ones are counted by the sink and logged at DEBUG.
-            first = not getattr(self, "_said_why", False)
-            self._said_why = True
-            message = scrub_text(f"{type(error).__name__}: {error}")
-            if first:
-                logger.warning("otel-tracking: %s: %s export failed: %s", type(self).__name__, what, message)
-            logger.debug("%s: %s export failed", type(self).__name__, what, exc_info=True)
+            self._failed(what, error)
             return False
+
+    def _failed(self, what: str, error: BaseException) -> None:
+        # The first failure says why, once per exporter (in the bridge process too: its stderr
+        # is the training process's); later ones are counted by the sink and logged at DEBUG.
+        first = not getattr(self, "_said_why", False)
+        self._said_why = True
+        message = scrub_text(f"{type(error).__name__}: {error}")
+        if first:
+            logger.warning("otel-tracking: %s: %s export failed: %s", type(self).__name__, what, message)
+        logger.debug(
+            "%s: %s export failed", type(self).__name__, what, exc_info=(type(error), error, error.__traceback__)
+        )
 
 
 class BridgeMetricExporter(_UsesSession, StepMetricExporter):
@@ -342,6 +359,18 @@ class BridgeMetricExporter(_UsesSession, StepMetricExporter):
             ok = self._guarded("metrics", lambda r=record: self.session.write_step(r)) and ok  # type: ignore[misc]
             self.session.last_step = record.step
         return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def export_many(self, records: Sequence[StepRecord]) -> list[StepRecord | None]:
+        """Several log() calls at once (``BridgeSession.write_steps``): for each, None when it
+        landed, else what of it did not, for the delivery layer to retry or spool (only that)."""
+        try:
+            rests = self.session.write_steps(records)
+        except Exception as error:
+            self._failed("metrics", error)
+            rests = list(records)
+        for record in records:
+            self.session.last_step = record.step
+        return rests
 
     def write(self, record: StepRecord) -> None:
         if not self.session.write_step(record):
