@@ -52,7 +52,8 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     """The bridge process: open the bridges (each on its own thread), feed them until told to
     finish (or the training process is gone), acknowledging every item once each sink is done
     with it, then finish them and report the counts."""
-    from otel_tracking.run import build_resource, sink_spool
+    from otel_tracking.resource import build_resource
+    from otel_tracking.spool_files import sink_spool
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -36,8 +36,9 @@ from otel_tracking.registry import (
     is_bridge,
 )
 from otel_tracking.rl_insight import RLInsightLogger
-from otel_tracking.run import Run, check_spool_dir, exit_code_for
+from otel_tracking.run import Run, exit_code_for
 from otel_tracking.settings import Settings, build_settings
+from otel_tracking.spool_files import check_spool_dir
 
 logger = logging.getLogger("otel_tracking")
 

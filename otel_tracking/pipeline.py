@@ -28,8 +28,9 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking import semconv
-from otel_tracking.delivery import Policy, Spool, Worker, item_count
+from otel_tracking.delivery import Spool, Worker, item_count
 from otel_tracking.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
+from otel_tracking.policy import Policy
 from otel_tracking.redact import scrub_text
 from otel_tracking.steps import StepBatch, materialize
 

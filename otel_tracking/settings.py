@@ -24,7 +24,7 @@ from opentelemetry.util.re import parse_env_headers
 
 from otel_tracking import semconv
 from otel_tracking.carrier import extract_env, identity_from
-from otel_tracking.delivery import Policy
+from otel_tracking.policy import Policy
 from otel_tracking.redact import redact_header_values, scrub_text
 from otel_tracking.resume import NEVER, Resumed, is_run_id, looks_like_a_mode, parse_mode
 
@@ -125,7 +125,7 @@ class Settings:
     start_timeout_s: float = 5.0  # how long Tracking() waits for the bridge process to open the trackers
     bridge_process: bool = True  # the ML bridges run in a child process (bridge_process.py)
     spool_dir: Path = Path("spool")
-    spool_writable: bool | None = None  # None: not checked yet (run.check_spool_dir)
+    spool_writable: bool | None = None  # None: not checked yet (spool_files.check_spool_dir)
     file_path: Path | None = None
     tensorboard_dir: Path | None = None
     role: str | None = None  # ml.role: what this process does in the job (driver, actor, rollout, ...)

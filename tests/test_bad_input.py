@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from otel_tracking import ConfigError, Tracking
 from otel_tracking.pipeline import Sink
 from otel_tracking.resume import RunRecord, record_name
-from otel_tracking.run import sink_spool
 from otel_tracking.settings import build_settings, build_worker_settings, spool_dir, spool_root
+from otel_tracking.spool_files import sink_spool
 
 
 def _nested(depth: int) -> dict:

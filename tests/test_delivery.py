@@ -14,7 +14,8 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 
 from otel_tracking import Tracking, trace_state
-from otel_tracking.delivery import Policy, Spool, Worker, read_spool
+from otel_tracking.delivery import Spool, Worker, read_spool
+from otel_tracking.policy import Policy
 from otel_tracking.steps import StepBatch
 from tests.conftest import free_port, p99_holds
 from tests.otlp_receiver import HttpReceiver, wait_for
@@ -237,7 +238,8 @@ def test_export_interval_sends_a_busy_sinks_spans_together_and_never_holds_a_flu
 
 
 def test_without_export_interval_each_span_leaves_at_once() -> None:
-    from otel_tracking.delivery import Policy, Worker
+    from otel_tracking.delivery import Worker
+    from otel_tracking.policy import Policy
 
     recorder = _Recorder()
     worker = Worker("spans", recorder.deliver, recorder.count, None, Policy())

@@ -100,8 +100,8 @@ def test_ranks_sharing_a_run_id_spool_to_files_of_their_own(isolated: Path, monk
     """Two ranks of one job (one run id, each with its own tracker runs) never share a spool file,
     so each file's header names the right run to replay into."""
     from otel_tracking.pipeline import Sink
-    from otel_tracking.run import sink_spool
     from otel_tracking.settings import build_settings
+    from otel_tracking.spool_files import sink_spool
 
     paths = []
     for rank in ("0", "1"):

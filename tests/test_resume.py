@@ -412,8 +412,8 @@ def test_two_experiments_in_one_directory_do_not_pick_up_each_others_runs(
 
 def test_a_resumed_attempt_spools_into_files_of_its_own(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from otel_tracking.pipeline import Sink
-    from otel_tracking.run import sink_spool
     from otel_tracking.settings import build_settings
+    from otel_tracking.spool_files import sink_spool
 
     _file_env(monkeypatch, isolated)
     Tracking("proj", "exp", default_backend=["file"]).finish()

@@ -232,7 +232,7 @@ def test_the_resource_is_what_any_otel_app_has_plus_the_run_identity(isolated, m
     look secret are dropped (issue 12)."""
     from importlib.metadata import version
 
-    from otel_tracking.run import build_resource
+    from otel_tracking.resource import build_resource
 
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "team=rl,ml.project=not-this,api_key=s3cret")
     settings = build_settings("proj", "exp", ())
