@@ -7,9 +7,9 @@ import logging
 import os
 import threading
 
-from otel_tracking.delivery import Spool
-from otel_tracking.pipeline import Sink
-from otel_tracking.settings import Settings, path_part
+from otel_tracking.config.settings import Settings, path_part
+from otel_tracking.delivery.engine import Spool
+from otel_tracking.delivery.pipeline import Sink
 
 logger = logging.getLogger("otel_tracking")
 
@@ -43,7 +43,7 @@ def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
     """Where a queued sink keeps what it cannot deliver; the header tells replay how to rebuild it."""
     if sink.inline or settings.spool_writable is False:
         return None
-    from otel_tracking.registry import destination
+    from otel_tracking.delivery.registry import destination
 
     header = {
         "sink": sink.name,

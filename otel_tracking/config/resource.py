@@ -7,9 +7,9 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
-from otel_tracking import semconv
-from otel_tracking.redact import is_secret_key, redact
-from otel_tracking.settings import Settings
+from otel_tracking.config.settings import Settings
+from otel_tracking.signals import semconv
+from otel_tracking.signals.redact import is_secret_key, redact
 
 
 def build_resource(settings: Settings) -> Resource:

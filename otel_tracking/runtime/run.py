@@ -34,11 +34,12 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer
 
-from otel_tracking import __version__, semconv
-from otel_tracking.carrier import extract_env, has_span, step_from, with_identity
-from otel_tracking.ids import ID_GENERATOR
-from otel_tracking.otel_compat import LoggerProvider
-from otel_tracking.pipeline import (
+from otel_tracking import __version__
+from otel_tracking.config.otel_compat import LoggerProvider
+from otel_tracking.config.resource import build_resource
+from otel_tracking.config.resume import RunRecord, record_name
+from otel_tracking.config.settings import Settings
+from otel_tracking.delivery.pipeline import (
     PeriodicExport,
     Sink,
     SinkLogProcessor,
@@ -47,14 +48,14 @@ from otel_tracking.pipeline import (
     finish_sinks,
     flush_sinks,
 )
-from otel_tracking.redact import redact, redact_attributes, scrub_strings
-from otel_tracking.resource import build_resource
-from otel_tracking.resume import RunRecord, record_name
-from otel_tracking.semconv import ENDED_BY, STEP_SPAN_NAME
-from otel_tracking.settings import Settings
-from otel_tracking.spool_files import sink_spool
-from otel_tracking.steps import LatestValues, StepBatch
-from otel_tracking.values import checked_others, split_values, step_as_logged, to_step
+from otel_tracking.delivery.spool_files import sink_spool
+from otel_tracking.signals import semconv
+from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
+from otel_tracking.signals.ids import ID_GENERATOR
+from otel_tracking.signals.redact import redact, redact_attributes, scrub_strings
+from otel_tracking.signals.semconv import ENDED_BY, STEP_SPAN_NAME
+from otel_tracking.signals.steps import LatestValues, StepBatch
+from otel_tracking.signals.values import checked_others, split_values, step_as_logged, to_step
 
 logger = logging.getLogger("otel_tracking")
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from otel_tracking.codec import DECODERS, ENCODERS
-from otel_tracking.policy import Policy
+from otel_tracking.config.policy import Policy
+from otel_tracking.delivery.codec import DECODERS, ENCODERS
 
 logger = logging.getLogger("otel_tracking")
 
