@@ -20,8 +20,8 @@ import pytest
 from opentelemetry import propagate
 
 from otel_tracking import Tracking, trace_state
-from otel_tracking.propagation import attach, context_env, inject
-from otel_tracking.worker import configure_worker
+from otel_tracking.distributed.propagation import attach, context_env, inject
+from otel_tracking.distributed.worker import configure_worker
 from tests.otlp_receiver import HttpReceiver, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def test_a_worker_with_no_exporter_keeps_its_spans_and_says_where(isolated: Path
     with HttpReceiver() as receiver:
         replay_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
         subprocess.run(
-            [sys.executable, "-m", "otel_tracking.cli", "replay", str(spooled[0])],
+            [sys.executable, "-m", "otel_tracking.cli.main", "replay", str(spooled[0])],
             env=replay_env,
             check=True,
             timeout=120,

@@ -21,8 +21,8 @@ import pytest
 import ray
 
 from otel_tracking import Tracking, trace_state
-from otel_tracking.ray_tracing import CARRIER_KWARG, runtime_env, traced, with_context
-from otel_tracking.worker import configure_worker
+from otel_tracking.distributed.ray_tracing import CARRIER_KWARG, runtime_env, traced, with_context
+from otel_tracking.distributed.worker import configure_worker
 from tests.otlp_receiver import HttpReceiver, wait_for
 
 REPO = Path(__file__).resolve().parents[1]

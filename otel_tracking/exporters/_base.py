@@ -33,13 +33,14 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking import semconv, settings
-from otel_tracking.otel_compat import LogRecordExporter, LogRecordExportResult
-from otel_tracking.redact import scrub_text
-from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
-from otel_tracking.semconv import STEP_SPAN_NAME
-from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC, StepRecord
-from otel_tracking.values import decode_others
+from otel_tracking.config import settings
+from otel_tracking.config.otel_compat import LogRecordExporter, LogRecordExportResult
+from otel_tracking.signals import semconv
+from otel_tracking.signals.redact import scrub_text
+from otel_tracking.signals.semconv import STEP as STEP_ATTRIBUTE
+from otel_tracking.signals.semconv import STEP_SPAN_NAME
+from otel_tracking.signals.steps import OTHERS_ATTRIBUTE, STEP_METRIC, StepRecord
+from otel_tracking.signals.values import decode_others
 
 logger = logging.getLogger("otel_tracking")
 
@@ -56,7 +57,7 @@ def _delta_for_all() -> dict[type, AggregationTemporality]:
         UpDownCounter,
     )
 
-    from otel_tracking.otel_compat import sdk_gauge_class
+    from otel_tracking.config.otel_compat import sdk_gauge_class
 
     kinds = (
         Counter,
@@ -174,7 +175,7 @@ class StepMetricExporter(MetricExporter):
 
 @dataclass(frozen=True)
 class Event:
-    """A log record as bridges read it (see ``otel_tracking.generations`` for the event shapes)."""
+    """A log record as bridges read it (see ``otel_tracking.api.generations`` for the event shapes)."""
 
     name: str
     step: int | None

@@ -75,7 +75,7 @@ def test_older_verl_tracking_gets_the_facade_swap(version: str, tmp_path: Path) 
     theirs, their_lines, _ = run(version, "off", tmp_path)
     ours, our_lines, stderr = run(version, "on", tmp_path)
     assert theirs == ["verl.utils.tracking", "verl.utils.tracking"]
-    assert ours == ["otel_tracking.facade", "otel_tracking.generations"]
+    assert ours == ["otel_tracking.api.facade", "otel_tracking.api.generations"]
     assert our_lines == their_lines  # the same file sink, line for line
     warnings = [line for line in stderr.splitlines() if "could not instrument" in line]
     assert len(warnings) == 1, stderr
@@ -103,7 +103,7 @@ def test_a_late_switch_rebinds_what_verl_modules_bound_already(tmp_path: Path) -
     command = [sys.executable, "-c", LATE]
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["otel_tracking.facade", "otel_tracking.facade", "verl.utils.tracking"]
+    assert done.stdout.split() == ["otel_tracking.api.facade", "otel_tracking.api.facade", "verl.utils.tracking"]
 
 
 def test_ray_init_gets_the_runtime_env_and_the_setup_hook_where_plugins_do_not_reach(

@@ -40,13 +40,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
-from otel_tracking.carrier import extract, has_span, with_identity
-from otel_tracking.redact import REDACTED, is_secret_key, redact, scrub_text
-from otel_tracking.semconv import LABEL_PREFIX
-from otel_tracking.semconv import LANE as LANE_ATTRIBUTE
-from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
-from otel_tracking.semconv import WEIGHT_VERSION as WEIGHT_VERSION_ATTRIBUTE
-from otel_tracking.values import to_step
+from otel_tracking.signals.carrier import extract, has_span, with_identity
+from otel_tracking.signals.redact import REDACTED, is_secret_key, redact, scrub_text
+from otel_tracking.signals.semconv import LABEL_PREFIX
+from otel_tracking.signals.semconv import LANE as LANE_ATTRIBUTE
+from otel_tracking.signals.semconv import STEP as STEP_ATTRIBUTE
+from otel_tracking.signals.semconv import WEIGHT_VERSION as WEIGHT_VERSION_ATTRIBUTE
+from otel_tracking.signals.values import to_step
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -91,8 +91,8 @@ class trace_state:
         self._open: list[tuple[Span, object, Any]] = []
 
     def _start(self) -> Span:
-        from otel_tracking.run import current_run, refuse_span_after_finish
-        from otel_tracking.worker import worker_run
+        from otel_tracking.distributed.worker import worker_run
+        from otel_tracking.runtime.run import current_run, refuse_span_after_finish
 
         ctx = otel_context.get_current()
         run = current_run()

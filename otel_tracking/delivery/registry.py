@@ -19,9 +19,9 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from otel_tracking.pipeline import Sink
-from otel_tracking.redact import redact_config, scrub_text
-from otel_tracking.settings import ConfigError, Settings, describe_otlp
+from otel_tracking.config.settings import ConfigError, Settings, describe_otlp
+from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.signals.redact import redact_config, scrub_text
 
 if TYPE_CHECKING:
     from otel_tracking.exporters._base import BridgeParts
@@ -306,7 +306,7 @@ def build_otlp_sinks(settings: Settings, remembered: Mapping[str, str] | None = 
     otlp = settings.otlp
     if not otlp.any:
         return {}
-    from otel_tracking.otel_compat import otlp_log_exporter_class
+    from otel_tracking.config.otel_compat import otlp_log_exporter_class
 
     OTLPLogExporter = otlp_log_exporter_class(otlp.protocol)
     if otlp.protocol == "grpc":

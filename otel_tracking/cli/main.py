@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from otel_tracking.demo import DemoPlaces, run_demo
+    from otel_tracking.cli.demo import DemoPlaces, run_demo
 
     backends = [name.strip() for name in args.backends.split(",") if name.strip()]
     places = DemoPlaces(Path(args.out).resolve(), project="otel-tracking-demo", experiment="grpo-simulated")
@@ -41,7 +41,7 @@ def _stack(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from otel_tracking import replay
+    from otel_tracking.delivery import replay
 
     return replay.main(args.paths)
 
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _expected(error: Exception) -> bool:
     """Errors whose message is the whole story (configuration, a missing package, the stack)."""
-    from otel_tracking.settings import ConfigError
+    from otel_tracking.config.settings import ConfigError
 
     return isinstance(error, (ConfigError, FileNotFoundError)) or type(error).__name__ == "StackError"
 

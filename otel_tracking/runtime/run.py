@@ -31,16 +31,15 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer
 
-from otel_tracking import __version__, semconv
-from otel_tracking.carrier import extract_env, has_span, step_from, with_identity
-from otel_tracking.delivery import Spool
-from otel_tracking.ids import ID_GENERATOR
-from otel_tracking.otel_compat import LoggerProvider
-from otel_tracking.pipeline import (
+from otel_tracking import __version__
+from otel_tracking.config.otel_compat import LoggerProvider
+from otel_tracking.config.resource import build_resource
+from otel_tracking.config.resume import RunRecord, record_name
+from otel_tracking.config.settings import Settings
+from otel_tracking.delivery.pipeline import (
     PeriodicExport,
     Sink,
     SinkLogProcessor,
@@ -49,12 +48,14 @@ from otel_tracking.pipeline import (
     finish_sinks,
     flush_sinks,
 )
-from otel_tracking.redact import is_secret_key, redact, redact_attributes, scrub_strings
-from otel_tracking.resume import RunRecord, record_name
-from otel_tracking.semconv import ENDED_BY, STEP_SPAN_NAME
-from otel_tracking.settings import Settings, path_part
-from otel_tracking.steps import LatestValues, StepBatch
-from otel_tracking.values import checked_others, split_values, step_as_logged, to_step
+from otel_tracking.delivery.spool_files import sink_spool
+from otel_tracking.signals import semconv
+from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
+from otel_tracking.signals.ids import ID_GENERATOR
+from otel_tracking.signals.redact import redact, redact_attributes, scrub_strings
+from otel_tracking.signals.semconv import ENDED_BY, STEP_SPAN_NAME
+from otel_tracking.signals.steps import LatestValues, StepBatch
+from otel_tracking.signals.values import checked_others, split_values, step_as_logged, to_step
 
 logger = logging.getLogger("otel_tracking")
 
@@ -119,83 +120,6 @@ def inherited_identity() -> dict[str, str]:
             if not run.finished and run.pid != os.getpid():
                 return dict(run.identity)
     return {}
-
-
-def build_resource(settings: Settings) -> Resource:
-    """The run's identity, on top of what any OTel app's resource has: ``Resource.create`` gives
-    ``telemetry.sdk.*`` and runs the standard detectors (``OTEL_RESOURCE_ATTRIBUTES`` among them);
-    our identity attributes win, and keys that look secret are dropped."""
-    attributes: dict[str, Any] = dict(settings.resource_attributes)
-    attributes.update(
-        {
-            "service.name": settings.service_name,
-            "service.instance.id": settings.run_id,
-            semconv.PROJECT: settings.project,
-            semconv.EXPERIMENT: settings.experiment,
-            semconv.RUN_ID: settings.run_id,
-            semconv.RUN_ATTEMPT: settings.attempt,
-            "host.name": settings.host,
-            "process.pid": os.getpid(),
-        }
-    )
-    if settings.rank is not None:
-        attributes[semconv.RANK] = settings.rank
-    if settings.role:
-        attributes[semconv.ROLE] = settings.role
-    created = Resource.create(attributes)
-    kept = {k: redact(v) for k, v in created.attributes.items() if not is_secret_key(k)}
-    return Resource(kept, created.schema_url)
-
-
-def check_spool_dir(settings: Settings) -> Settings:
-    """The settings with ``spool_writable`` said: the spool directory is made and a file written
-    and removed there.  When that fails, one warning says what it costs (nothing can be spooled:
-    what a backend cannot take is dropped, and counted; no reattach record).  ``Tracking()`` does
-    this; a worker run (whose directory would be one per process) finds out when it first spools."""
-    if settings.spool_writable is not None:
-        return settings
-    directory = settings.spool_dir
-    try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        probe = directory / f".probe.{os.getpid()}.{threading.get_ident()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        logger.warning(
-            "otel-tracking: the spool directory %s cannot be written (%s; OTEL_TRACKING_SPOOL_DIR chooses it): "
-            "what a backend cannot take in time is dropped instead of kept for `otel-tracking replay` (the "
-            "summary at finish() counts it), and a restarted job cannot resume this run",
-            directory,
-            error.strerror or type(error).__name__,
-        )
-        return dataclasses.replace(settings, spool_writable=False)
-    return dataclasses.replace(settings, spool_writable=True)
-
-
-def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
-    """Where a queued sink keeps what it cannot deliver; the header tells replay how to rebuild it."""
-    if sink.inline or settings.spool_writable is False:
-        return None
-    from otel_tracking.registry import destination
-
-    header = {
-        "sink": sink.name,
-        "project": settings.project,
-        "experiment": settings.experiment,
-        "run_id": settings.run_id,
-        "resume": sink.resume,
-        "pid": pid,
-        "attempt": settings.attempt,
-        # Where the tracker was configured to write, known before it opens (or if it never does).
-        "destination": destination(sink.name, settings),
-    }
-    # Ranks of one job share a run id, and each has its own tracker runs: a file (and a header) each.
-    name = path_part(sink.name if settings.rank is None else f"{sink.name}.rank{settings.rank}")
-    # A resumed run has the run id, so the spool directory, of the attempt before it, whose spool
-    # may wait there for replay: each attempt writes files of its own.
-    if settings.attempt > 1:
-        name = f"{name}.attempt{settings.attempt}"
-    return Spool(settings.spool_dir / f"{name}.jsonl", header)
 
 
 def start_record(settings: Settings, sinks: Sequence[Sink]) -> RunRecord:
