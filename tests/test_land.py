@@ -77,7 +77,7 @@ class FaultyMlflowClient:
 
 
 keys = st.lists(
-    st.text("abcdefgh/_", min_size=1, max_size=40).map(lambda k: "k" + k.replace("//", "/").rstrip("/")),
+    st.lists(st.text("abcdefgh_", min_size=1, max_size=12), min_size=1, max_size=4).map(lambda p: "k" + "/".join(p)),
     min_size=1,
     max_size=12,
     unique=True,
