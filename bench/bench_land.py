@@ -145,8 +145,138 @@ class Mlflow:
         return (ended if passes == 1 else began) - start, len(seen)
 
 
+def check(expected: dict[tuple[str, int], float], triples: list[tuple[str, int, Any]]) -> int:
+    """Every (key, step, value) once: the points read back, or AssertionError."""
+    seen: dict[tuple[str, int], list[float]] = {}
+    for key, step, value in triples:
+        seen.setdefault((key, step), []).append(value)
+    wrong = [k for k, v in seen.items() if len(v) != 1 or abs(v[0] - expected.get(k, float("nan"))) > 1e-6]
+    if wrong or len(seen) != len(expected):
+        raise AssertionError(f"{len(seen)} of {len(expected)} points, {len(wrong)} wrong or repeated")
+    return len(seen)
+
+
+def expected_points(data: list[dict[str, float]]) -> dict[tuple[str, int], float]:
+    return {(key, step): value for step, values in enumerate(data) for key, value in values.items()}
+
+
+class Local:
+    """A tracker that writes local files: the clock stops once the end call returned and the
+    tracker's reader finds every point (polled until it does, for a tracker whose end call returns
+    before its files are complete)."""
+
+    name = ""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.count = 0
+
+    def close(self) -> None:
+        return None
+
+    def read(self, where: Path) -> list[tuple[str, int, Any]]:  # pragma: no cover - per tracker
+        raise NotImplementedError
+
+    def landed(self, start: float, where: Path, data: list[dict[str, float]]) -> tuple[float, int]:
+        ended = time.perf_counter()
+        expected = expected_points(data)
+        deadline, passes = ended + 120, 0
+        while True:
+            began, passes = time.perf_counter(), passes + 1
+            try:
+                return (ended if passes == 1 else began) - start, check(expected, self.read(where))
+            except (AssertionError, OSError, StopIteration, ValueError):
+                if time.perf_counter() > deadline:
+                    raise
+
+    def ours(self, data: list[dict[str, float]], pace_s: float) -> tuple[float, int]:
+        from otel_tracking import Tracking
+
+        self.count += 1
+        where = self.root / f"ours-{self.count}"
+        with env(**self.environment(where)):
+            tracking = Tracking(project_name="land", experiment_name=f"ours-{self.count}", default_backend=[self.name])
+            start = play(data, lambda values, step: tracking.log(values, step=step), pace_s)
+            tracking.finish()
+        return self.landed(start, where, data)
+
+    def environment(self, where: Path) -> dict[str, str]:  # pragma: no cover - per tracker
+        raise NotImplementedError
+
+
+class Tensorboard(Local):
+    """Its own client: TensorBoard's ``EventFileWriter`` (torch's ``SummaryWriter`` writes through
+    it), one event per step, closed at the end."""
+
+    name = "tensorboard"
+
+    def environment(self, where: Path) -> dict[str, str]:
+        return {"TENSORBOARD_DIR": str(where)}
+
+    def own(self, data: list[dict[str, float]], pace_s: float) -> tuple[float, int]:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self.count += 1
+        where = self.root / f"own-{self.count}"
+        writer = EventFileWriter(str(where))
+
+        def log(values: dict[str, float], step: int) -> None:
+            summary = summary_pb2.Summary(
+                value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+            )
+            writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+
+        start = play(data, log, pace_s)
+        writer.close()
+        return self.landed(start, where, data)
+
+    def read(self, where: Path) -> list[tuple[str, int, Any]]:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        accumulator = EventAccumulator(str(where), size_guidance={"scalars": 0, "tensors": 0})
+        accumulator.Reload()
+        tags = accumulator.Tags()["scalars"]
+        return [(tag, event.step, event.value) for tag in tags for event in accumulator.Scalars(tag)]
+
+
+class Wandb(Local):
+    """Its own client: ``wandb.init(mode="offline")``, ``run.log(values, step=...)``, ``run.finish()``;
+    read back from the run's ``.wandb`` file (``tests/readers_wandb.py``)."""
+
+    name = "wandb"
+
+    def environment(self, where: Path) -> dict[str, str]:
+        where.mkdir(parents=True, exist_ok=True)
+        return {"WANDB_DIR": str(where)}
+
+    def own(self, data: list[dict[str, float]], pace_s: float) -> tuple[float, int]:
+        import wandb
+
+        self.count += 1
+        where = self.root / f"own-{self.count}"
+        with env(**self.environment(where)):
+            run = wandb.init(project="land", name=f"own-{self.count}", mode="offline", dir=str(where))
+            start = play(data, lambda values, step: run.log(values, step=step), pace_s)
+            run.finish()
+        return self.landed(start, where, data)
+
+    def read(self, where: Path) -> list[tuple[str, int, Any]]:
+        from tests import readers_wandb
+
+        files = readers_wandb.run_files(where)
+        if len(files) != 1:
+            raise AssertionError(f"{len(files)} runs in {where}")
+        records = readers_wandb.read_records(files[0])
+        if not any(r.WhichOneof("record_type") == "exit" for r in records):
+            raise AssertionError("no exit record yet")
+        return readers_wandb.load_run(files[0], timeout_s=1).triples()
+
+
 TRACKERS: dict[str, Callable[[Path, argparse.Namespace], Any]] = {
     "mlflow": lambda root, args: Mlflow(root, args.mlflow_workers),
+    "tensorboard": lambda root, args: Tensorboard(root),
+    "wandb": lambda root, args: Wandb(root),
 }
 
 
@@ -173,7 +303,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        from bench_log import local_backend_env
+
         base = {
+            # MLflow's own HTTP retries stay at its default, for both sides alike.
+            **{k: v for k, v in local_backend_env(root / "env").items() if k != "MLFLOW_HTTP_REQUEST_MAX_RETRIES"},
             "MLFLOW_DISABLE_TELEMETRY": "true",
             "OTEL_TRACKING_SPOOL_DIR": str(root / "spool"),
             "OTEL_TRACKING_FINISH_TIMEOUT": "120",
