@@ -9,11 +9,12 @@ work, and ``Tracking([tracker])`` doing the same.  Two workloads:
   burst  --steps steps of --metrics metrics logged back to back, then the end call
   paced  --paced-steps steps, one every --pace-ms (a training step's compute), then the end call
 
-The clock starts at the first ``log()`` (the run is open before: ``Tracking()`` and the tracker's
-``start_run``/``init`` are outside it) and stops once the end call has returned *and* every
-(key, step, value) is readable through the tracker's reader (MLflow: ``get_metric_history`` of
-every key; read until complete, the reading time counted only while something is still missing).
-A round that does not find every point exactly once is reported as such and not timed.
+The clock starts at the first ``log()`` (the run is open before: ``Tracking()``, the bridge
+process opening the tracker, and the tracker's own ``start_run``/``init`` are outside it) and
+stops once the end call has returned *and* every (key, step, value) is readable through the
+tracker's reader (MLflow: ``get_metric_history`` of every key; read until complete, the reading
+time counted only while something is still missing).  A round that does not find every point
+exactly once fails the run.
 
 MLflow runs against a real ``mlflow server`` (sqlite store, --mlflow-workers workers, loopback).
 Its own client is the asynchronous one (``mlflow.log_metrics(..., synchronous=False)`` then
@@ -77,6 +78,17 @@ def play(data: list[dict[str, float]], log: Callable[[dict[str, float], int], No
     return start
 
 
+def opened(tracking: Any, timeout_s: float = 300.0) -> None:
+    """Wait until the bridge process has opened every tracker: the tracker's own client has its
+    run open (``start_run``, ``init``) before the clock starts too.  On a busy machine the open
+    (importing the SDK at nice +10) can outlast ``Tracking()``'s start window."""
+    deadline = time.monotonic() + timeout_s
+    while any("opening" in where for where in tracking.where().values()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still opening after {timeout_s} s: {tracking.where()}")
+        time.sleep(0.1)  # polling a state the facade shows, not waiting for time to pass
+
+
 # --- MLflow ------------------------------------------------------------------------------------
 
 
@@ -86,7 +98,7 @@ class Mlflow:
     def __init__(self, root: Path, workers: int) -> None:
         from tests.servers import MlflowServer
 
-        self.server = MlflowServer(root / "mlflow-server", workers=workers).start()
+        self.server = MlflowServer(root / "mlflow-server", workers=workers).start(timeout_s=300)
         self.uri = self.server.uri
         self.count = 0
 
@@ -110,6 +122,7 @@ class Mlflow:
         self.count += 1
         with env(MLFLOW_TRACKING_URI=self.uri):
             tracking = Tracking(project_name=f"ours-{self.count}", experiment_name="land", default_backend=["mlflow"])
+            opened(tracking)
             start = play(data, lambda values, step: tracking.log(values, step=step), pace_s)
             tracking.finish()
         from mlflow.tracking import MlflowClient
@@ -196,6 +209,7 @@ class Local:
         where = self.root / f"ours-{self.count}"
         with env(**self.environment(where)):
             tracking = Tracking(project_name="land", experiment_name=f"ours-{self.count}", default_backend=[self.name])
+            opened(tracking)
             start = play(data, lambda values, step: tracking.log(values, step=step), pace_s)
             tracking.finish()
         return self.landed(start, where, data)
