@@ -1,7 +1,7 @@
 """Batching across steps for MLflow (issue 22), as a model-based test.
 
 Hypothesis drives the real delivery path of one tracker sink: ``Sink`` + ``Worker`` + ``Spool``
-and the real ``MlflowSession`` packing queued steps into ``log_batch`` requests in two lanes.
+and the real ``MlflowSession`` packing queued steps into ``log_batch`` requests in lanes.
 The MLflow client is the only stand-in, because it is where faults are injected: it checks every
 request with MLflow's own validators (``_validate_batch_log_limits``, the request's JSON as
 MLflow's REST store writes it, within ``MAX_BATCH_LOG_REQUEST_SIZE``), and fails requests on a
@@ -172,8 +172,8 @@ def test_the_limits_are_mlflows() -> None:
 
 
 def test_queued_steps_go_together_in_requests_of_up_to_a_thousand_metrics() -> None:
-    """Fifty 200-metric steps queued for a run still opening leave in 10 requests (two lanes of
-    5 x 1,000 metrics' worth), not 50."""
+    """Fifty 200-metric steps queued for a run still opening leave in about 10 requests (four
+    lanes of ~2,500 points each: 3 requests a lane at most), not 50."""
     client = FaultyMlflowClient([False], mlflow_bridge.BATCH_LIMITS)
     session = mlflow_bridge.MlflowSession(client, "run", "0", "http://127.0.0.1:9", "proj")
     sink = Sink("mlflow", metrics=mlflow_bridge.EXPORTERS.metrics(session))

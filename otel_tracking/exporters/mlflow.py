@@ -86,9 +86,10 @@ _LINK_BATCH = 100  # MlflowClient.link_traces_to_run takes at most 100 trace ids
 # request's own JSON; a metric's JSON is its key and ~70 bytes of value, timestamp and step.
 BATCH_LIMITS = Limits(points=1_000, bytes=900_000)
 _METRIC_JSON_BYTES = 100
-# Requests in flight at once against a tracking server (one lane each, see _batching); a database
-# URI writes in this process, where a second writer would only wait for the first.
-REQUESTS_IN_FLIGHT = 2
+# Requests in flight at once against a tracking server (one lane each, see _batching): as many as
+# `mlflow server` has workers by default (4); MLflow's own async client keeps up to 10 in flight.
+# A database URI writes in this process, where a second writer would only wait for the first.
+REQUESTS_IN_FLIGHT = 4
 
 
 # --- names and params ---------------------------------------------------------------------------
