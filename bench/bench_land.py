@@ -365,8 +365,9 @@ def render(report: dict[str, Any]) -> str:
         f"machine: {m['cpus']} cpus, Python {m['python']}; load average {report['load_before']} before, "
         f"{report['load_after']} after",
         "",
-        "| tracker | workload | points | own client s (median) | otel-tracking s (median) | ours/own |",
-        "|---|---|---|---|---|---|",
+        "| tracker | workload | points | own client s (median) | otel-tracking s (median) | ours/own | "
+        "per round (alternating) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, results in report["trackers"].items():
         for label, r in results.items():
@@ -375,7 +376,9 @@ def render(report: dict[str, Any]) -> str:
             )
             lines.append(
                 f"| {name} {m.get(name, '')} | {label}: {what} | {r['points']} exactly once | "
-                f"{statistics.median(r['own_s']):.2f} | {statistics.median(r['ours_s']):.2f} | **{r['ratio']:.2f}x** |"
+                f"{statistics.median(r['own_s']):.2f} | {statistics.median(r['ours_s']):.2f} | **{r['ratio']:.2f}x** | "
+                + ", ".join(f"{b / a:.2f}x" for a, b in zip(r["own_s"], r["ours_s"], strict=True))
+                + " |"
             )
     return "\n".join(lines)
 
@@ -391,7 +394,11 @@ def main() -> int:
     parser.add_argument("--mlflow-workers", type=int, default=2)
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--label", default="land")
+    parser.add_argument("--render", type=Path, help="print the table of a saved results JSON and exit")
     args = parser.parse_args()
+    if args.render:
+        print(render(json.loads(args.render.read_text())))
+        return 0
     report = run(args)
     text = render(report)
     print(text)
