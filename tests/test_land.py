@@ -187,3 +187,39 @@ def test_queued_steps_go_together_in_requests_of_up_to_a_thousand_metrics() -> N
     assert sink.stats.delivered == 50
     assert sorted(client.arrived) == sorted((k, s, float(s)) for s in range(50) for k in names)
     assert len(client.requests) <= 12 and max(client.requests) <= 1000, client.requests
+
+
+def test_a_tracker_without_a_bulk_path_stops_at_its_first_failure_so_steps_stay_in_order() -> None:
+    """wandb, SwanLab, ClearML and Trackio take one step per call (``BridgeSession.write_steps``'s
+    default): after a step the backend did not take, the later ones are not tried, so that its
+    retry does not land it after them."""
+    from otel_tracking.exporters._base import BridgeSession, StepRecord
+
+    class OneStepAtATime(BridgeSession):
+        def __init__(self) -> None:
+            self.taken: list[int] = []
+            self.failed_once: set[int] = set()
+
+        @classmethod
+        def open(cls, context: Any) -> BridgeSession:
+            return cls()
+
+        def write_step(self, record: StepRecord) -> bool:
+            if record.step == 2 and 2 not in self.failed_once:
+                self.failed_once.add(2)
+                return False
+            self.taken.append(record.step)
+            return True
+
+        def write_timing(self, step: int, key: str, seconds: float) -> bool:
+            return True
+
+        def finish(self, exit_code: int = 0) -> None:
+            return None
+
+    session = OneStepAtATime()
+    records = [StepRecord(step=s, scalars={"x": float(s)}) for s in range(5)]
+    rests = session.write_steps(records)
+    assert rests == [None, None, records[2], records[3], records[4]]
+    assert session.write_steps(records[2:]) == [None, None, None]
+    assert session.taken == [0, 1, 2, 3, 4]
