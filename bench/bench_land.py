@@ -287,7 +287,48 @@ class Wandb(Local):
         return readers_wandb.load_run(files[0], timeout_s=1).triples()
 
 
+class Trackio(Local):
+    """Its own client: ``trackio.init(embed=False)``, ``trackio.log(values, step=...)``,
+    ``trackio.finish()``; read back with its ``SQLiteStorage`` (under ``TRACKIO_DIR``, set for the
+    whole bench before Trackio is imported)."""
+
+    name = "trackio"
+
+    def environment(self, where: Path) -> dict[str, str]:
+        return {}
+
+    def own(self, data: list[dict[str, float]], pace_s: float) -> tuple[float, int]:
+        import trackio
+
+        self.count += 1
+        trackio.init(project="land", name=f"own-{self.count}", embed=False)
+        start = play(data, lambda values, step: trackio.log(values, step=step), pace_s)
+        trackio.finish()
+        return self.landed(start, Path(f"own-{self.count}"), data)
+
+    def ours(self, data: list[dict[str, float]], pace_s: float) -> tuple[float, int]:
+        from otel_tracking import Tracking
+
+        self.count += 1
+        tracking = Tracking(project_name="land", experiment_name=f"ours-{self.count}", default_backend=["trackio"])
+        opened(tracking)
+        start = play(data, lambda values, step: tracking.log(values, step=step), pace_s)
+        tracking.finish()
+        return self.landed(start, Path(f"ours-{self.count}"), data)
+
+    def read(self, where: Path) -> list[tuple[str, int, Any]]:
+        from trackio.sqlite_storage import SQLiteStorage
+
+        return [
+            (key, row["step"], value)
+            for row in SQLiteStorage.get_logs("land", str(where))
+            for key, value in row.items()
+            if key not in ("timestamp", "step")
+        ]
+
+
 TRACKERS: dict[str, Callable[[Path, argparse.Namespace], Any]] = {
+    "trackio": lambda root, args: Trackio(root),
     "mlflow": lambda root, args: Mlflow(root, args.mlflow_workers),
     "tensorboard": lambda root, args: Tensorboard(root),
     "wandb": lambda root, args: Wandb(root),
@@ -323,6 +364,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # MLflow's own HTTP retries stay at its default, for both sides alike.
             **{k: v for k, v in local_backend_env(root / "env").items() if k != "MLFLOW_HTTP_REQUEST_MAX_RETRIES"},
             "MLFLOW_DISABLE_TELEMETRY": "true",
+            "TRACKIO_DIR": str(root / "trackio"),
             "OTEL_TRACKING_SPOOL_DIR": str(root / "spool"),
             "OTEL_TRACKING_FINISH_TIMEOUT": "120",
         }
