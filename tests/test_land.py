@@ -172,8 +172,10 @@ def test_the_limits_are_mlflows() -> None:
 
 
 def test_queued_steps_go_together_in_requests_of_up_to_a_thousand_metrics() -> None:
-    """Fifty 200-metric steps queued for a run still opening leave in about 10 requests (four
-    lanes of ~2,500 points each: 3 requests a lane at most), not 50."""
+    """Fifty 200-metric steps queued for a run still opening leave in groups of about 4,000
+    metrics (one request per lane), each group in four requests, or five or six when a lane's share
+    of the keys is above a quarter: at most 20 requests, against 200 (four lanes a step) without
+    grouping and 50 with one request a step."""
     client = FaultyMlflowClient([False], mlflow_bridge.BATCH_LIMITS)
     session = mlflow_bridge.MlflowSession(client, "run", "0", "http://127.0.0.1:9", "proj")
     sink = Sink("mlflow", metrics=mlflow_bridge.EXPORTERS.metrics(session))
@@ -186,7 +188,7 @@ def test_queued_steps_go_together_in_requests_of_up_to_a_thousand_metrics() -> N
     sink.finish(0, timeout_s=30)
     assert sink.stats.delivered == 50
     assert sorted(client.arrived) == sorted((k, s, float(s)) for s in range(50) for k in names)
-    assert len(client.requests) <= 12 and max(client.requests) <= 1000, client.requests
+    assert len(client.requests) <= 20 and max(client.requests) <= 1000, client.requests
 
 
 def test_a_tracker_without_a_bulk_path_stops_at_its_first_failure_so_steps_stay_in_order() -> None:

@@ -15,10 +15,11 @@ what a backend that delivered nothing for the finish timeout still holds is spoo
 outcome is counted in the sink's stats.
 
 A sink that can take several steps in one call (``deliver_many``: MLflow packs them into requests
-of up to 1,000 metrics) gets the run of metric items queued behind the first, up to
-``_MAX_GROUP``, in one call.  It says of each item whether it landed, or what of it did not (the
-rest of a step split over requests): only that rest is retried or spooled, so no point is sent
-twice, and the items are settled (and acknowledged) one by one.
+of up to 1,000 metrics) gets the run of metric items queued behind the first, up to ``_MAX_GROUP``
+items and about one request per lane (``_GROUP_POINTS``), in one call.  It says of each item
+whether it landed, or what of it did not (the rest of a step split over requests): only that rest
+is retried or spooled, so no point is sent twice, and the items are settled (and acknowledged) one
+by one.
 
 A worker can start *held*, for a backend that is still opening: its queue keeps what comes (a full
 queue spools, as always) and its thread waits; ``release()`` (opened) delivers it all in order,
@@ -50,11 +51,22 @@ logger = logging.getLogger("otel_tracking")
 
 _MERGEABLE = ("spans", "logs")  # consecutive items of these kinds go out in one export call
 _MAX_MERGE = 512
-_MAX_GROUP = 64  # metric items handed to a deliver_many in one call (a 200-metric step: ~13 requests of 1,000)
+_MAX_GROUP = 64  # metric items handed to a deliver_many in one call
+# ... and at most this many scalars: about one MLflow request (1,000 metrics) for each of its four
+# lanes.  A group is settled when its call returns, so it must take about as long as one request:
+# finish()'s stall detector (no delivery for the finish timeout) then sees deliveries as often as
+# it did with one request per step, and a slow backend that keeps delivering is not given up.
+_GROUP_POINTS = 4_000
 
 # What deliver_many says of each item: True (landed), False (nothing landed), or the payload of
 # what did not land (the item is then retried, or spooled, as that rest only).
 Landed = Any
+
+
+def _points(payload: Any) -> int:
+    """The scalars of a metric item (a ``StepBatch``; other payloads count one)."""
+    scalars = getattr(payload, "scalars", None)
+    return len(scalars) if scalars is not None else 1
 
 
 class _Entry:
@@ -248,7 +260,7 @@ class Worker:
         done: Callable[[Any, str], None] | None = None,
         held: bool = False,
         set_aside: Callable[[str, Any], str] | None = None,
-        deliver_many: Callable[[str, list[Any]], list[Landed]] | None = None,
+        deliver_many: Callable[[str, list[Any], Callable[[], None]], list[Landed]] | None = None,
     ) -> None:
         self.name = name
         self._deliver = deliver
@@ -360,7 +372,11 @@ class Worker:
                     payload.extend(more)
                     entries[0].tokens.append(token)
             elif kind == "metrics" and self._deliver_many is not None:
+                points = _points(payload)
                 while self._items and self._items[0][0] == kind and len(entries) < _MAX_GROUP:
+                    points += _points(self._items[0][1])
+                    if points > _GROUP_POINTS:
+                        break
                     _, more, token = self._items.popleft()
                     entries.append(_Entry(more, [token]))
             n = sum(item_count(kind, entry.payload) for entry in entries)
@@ -441,11 +457,18 @@ class Worker:
         for entry in pending:
             self._settle(kind, entry, delivered=False)
 
+    def _progressed(self) -> None:
+        """Part of a group landed (one request of it): the backend makes progress, which is what
+        stop() waits for, though no item of the group is settled yet."""
+        with self._lock:
+            self._last_delivery = time.monotonic()
+            self._lock.notify_all()
+
     def _deliver_pending(self, kind: str, pending: list[_Entry]) -> list[_Entry]:
         """One attempt at the pending items: those that landed are settled; the others, narrowed
         to what of them did not land, are returned."""
         if kind == "metrics" and self._deliver_many is not None:
-            results = self._deliver_many(kind, [entry.payload for entry in pending])
+            results = self._deliver_many(kind, [entry.payload for entry in pending], self._progressed)
         else:  # one item (or one merged run of spans or log records)
             results = [self._deliver(kind, entry.payload) for entry in pending]
         left = []

@@ -195,11 +195,12 @@ class Sink:
             return False
         return True
 
-    def deliver_many(self, kind: str, payloads: list[Any]) -> list[Any]:
+    def deliver_many(self, kind: str, payloads: list[Any], progress: Callable[[], None] = lambda: None) -> list[Any]:
         """Several queued items in one call, for the worker: for each, True when it landed, False
         when nothing of it did, or the step of what did not (a ``StepBatch`` of those scalars).  An
         exporter with a bulk path (``export_many``: MLflow packs steps into requests of up to 1,000
-        metrics) gets them all; any other gets them one by one, and after a failure the rest wait."""
+        metrics) gets them all, and calls ``progress()`` as each of its requests lands; any other gets
+        them one by one, and after a failure the rest wait."""
         bulk = getattr(self.metrics, "export_many", None) if kind == "metrics" and self._step_records else None
         if bulk is None or not all(isinstance(payload, StepBatch) for payload in payloads):
             results: list[Any] = []
@@ -209,7 +210,7 @@ class Sink:
                     break
             return results + [False] * (len(payloads) - len(results))
         try:
-            rests = bulk([payload.record() for payload in payloads])
+            rests = bulk([payload.record() for payload in payloads], progress)
         except Exception as error:
             self._count_failure(kind, error)
             return [False] * len(payloads)

@@ -216,16 +216,20 @@ class BridgeSession(ABC):
     @abstractmethod
     def write_step(self, record: StepRecord) -> bool: ...
 
-    def write_steps(self, records: Sequence[StepRecord]) -> list[StepRecord | None]:
+    def write_steps(
+        self, records: Sequence[StepRecord], progress: Callable[[], None] = lambda: None
+    ) -> list[StepRecord | None]:
         """Several steps, in order: for each, None when it landed, else what of it did not (the
         record itself when nothing did).  A backend with a bulk path (MLflow's ``log_batch`` of up
         to 1,000 metrics) packs them into few requests; by default one ``write_step`` each, and
-        after a failure the rest wait (step order)."""
+        after a failure the rest wait (step order).  ``progress()`` says that part of them landed
+        (a request, a step): the delivery layer's stall detector counts it as a delivery."""
         rests: list[StepRecord | None] = []
         for index, record in enumerate(records):
             if not self.write_step(record):
                 return rests + list(records[index:])
             rests.append(None)
+            progress()
         return rests
 
     @abstractmethod
@@ -361,11 +365,13 @@ class BridgeMetricExporter(_UsesSession, StepMetricExporter):
             self.session.last_step = record.step
         return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
 
-    def export_many(self, records: Sequence[StepRecord]) -> list[StepRecord | None]:
+    def export_many(
+        self, records: Sequence[StepRecord], progress: Callable[[], None] = lambda: None
+    ) -> list[StepRecord | None]:
         """Several log() calls at once (``BridgeSession.write_steps``): for each, None when it
         landed, else what of it did not, for the delivery layer to retry or spool (only that)."""
         try:
-            rests = self.session.write_steps(records)
+            rests = self.session.write_steps(records, progress)
         except Exception as error:
             self._failed("metrics", error)
             rests = list(records)

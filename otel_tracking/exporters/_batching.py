@@ -67,11 +67,14 @@ def send_in_lanes(
     size: Callable[[Point], int],
     send: Callable[[list[Point]], list[Point]],
     pool: Executor | None,
+    landed: Callable[[], None] = lambda: None,
 ) -> list[Point]:
     """Send every point; the points that did not land.  ``send(request)`` returns the points of
     that request that did not land (all of them when the backend failed); a lane stops at the
     first request that did not fully land, and the rest of that lane did not land either.  Lane 0
-    runs on the calling thread, the others on ``pool`` (one lane when there is none)."""
+    runs on the calling thread, the others on ``pool`` (one lane when there is none).  ``landed()``
+    is called after each request that landed whole (progress, for a caller waiting on a slow
+    backend)."""
 
     def run(lane: list[Point]) -> list[Point]:
         batches = requests(lane, limits, size)
@@ -82,6 +85,7 @@ def send_in_lanes(
                 missing = list(batch)
             if missing:
                 return missing + [point for later in batches[index + 1 :] for point in later]
+            landed()
         return []
 
     split = lanes(points, lane_count if pool is not None else 1)

@@ -48,7 +48,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from pathlib import Path
@@ -430,7 +430,9 @@ class MlflowSession(BridgeSession):
     def write_step(self, record: StepRecord) -> bool:
         return self.write_steps([record]) == [None]
 
-    def write_steps(self, records: Sequence[StepRecord]) -> list[StepRecord | None]:
+    def write_steps(
+        self, records: Sequence[StepRecord], progress: Callable[[], None] = lambda: None
+    ) -> list[StepRecord | None]:
         """The steps' numbers packed into ``log_batch`` requests of up to 1,000 metrics (whole
         steps or not: a point is a point), in :data:`REQUESTS_IN_FLIGHT` lanes by key, each key's
         points in step order; for each step None when it landed, else what did not (retried or
@@ -460,7 +462,7 @@ class MlflowSession(BridgeSession):
                         (index, key, Metric(name, float(value) if isinstance(value, bool) else value, ms, record.step))
                     )
         missing = send_in_lanes(
-            points, self._lanes(), BATCH_LIMITS, _metric_size, self._send_metrics, self._lane_pool()
+            points, self._lanes(), BATCH_LIMITS, _metric_size, self._send_metrics, self._lane_pool(), progress
         )
         if not missing:
             return [None] * len(records)

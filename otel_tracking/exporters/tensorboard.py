@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +106,9 @@ class TensorboardSession(BridgeSession):
             self._writer = event_file_writer.EventFileWriter(str(self.directory))
         return self._writer
 
-    def write_steps(self, records: Sequence[StepRecord]) -> list[StepRecord | None]:
+    def write_steps(
+        self, records: Sequence[StepRecord], progress: Callable[[], None] = lambda: None
+    ) -> list[StepRecord | None]:
         """Several steps, one event each, and one flush for them all (a flush a step was most of
         the time of a burst)."""
         for record in records:
