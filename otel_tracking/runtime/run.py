@@ -29,7 +29,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer
@@ -49,11 +48,12 @@ from otel_tracking.delivery.pipeline import (
     flush_sinks,
 )
 from otel_tracking.delivery.spool_files import sink_spool
+from otel_tracking.runtime.step_roots import StepRoots
 from otel_tracking.signals import semconv
 from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
 from otel_tracking.signals.ids import ID_GENERATOR
 from otel_tracking.signals.redact import redact, redact_attributes, scrub_strings
-from otel_tracking.signals.semconv import ENDED_BY, STEP_SPAN_NAME
+from otel_tracking.signals.semconv import ENDED_BY
 from otel_tracking.signals.steps import LatestValues, StepBatch
 from otel_tracking.signals.values import checked_others, split_values, step_as_logged, to_step
 
@@ -175,9 +175,6 @@ class Run:
         self.finished = False
         self.last_step: int | None = None
         self._finish_lock = threading.Lock()
-        self._step_lock = threading.Lock()
-        self._step_span: Span | None = None
-        self._step_started_ns = time.time_ns()  # a step's span starts where the previous step ended
         self._env_context = None if driver else extract_env(settings.env)
         self.open_spans: set[Span] = set()  # trace_state spans not ended yet (set.add/discard: atomic)
         # A worker's parent_context() depends on nothing but the context it is given (contexts are
@@ -209,6 +206,7 @@ class Run:
             if getattr(provider, "_disabled", False):
                 provider._disabled = False  # type: ignore[union-attr]
         self.tracer: Tracer = self.tracer_provider.get_tracer("otel_tracking", __version__)
+        self.step_roots = StepRoots(self.tracer, started_ns=time.time_ns())
         self.event_logger = self.logger_provider.get_logger("otel_tracking", __version__)
 
         if driver:
@@ -230,16 +228,17 @@ class Run:
 
     def step_in_progress(self, ctx: Context | None = None) -> int | None:
         """The step a span starting now belongs to: on the driver, one more than the last logged step
-        (phases run before the log() that closes their step); in a worker, the step the caller's
-        baggage names."""
+        (phases run before the log() that closes their step; None before the first log(): the step's
+        root says it once logged); in a worker, the step the caller's baggage names."""
         if self.driver:
-            return 0 if self.last_step is None else self.last_step + 1
+            return None if self.last_step is None else self.last_step + 1
         return step_from(ctx)
 
-    def parent_context(self, ctx: Context) -> Context:
+    def parent_context(self, ctx: Context, said_step: int | None = None) -> Context:
         """The context for a span that starts outside any other span (``ctx`` has none), with this
-        run's identity in its baggage: on the driver, the step span's (opened on first use, started
-        where the previous step ended); in a worker, the trace its environment names (TRACEPARENT)."""
+        run's identity in its baggage: on the driver, under the step's root (``step_roots.py``;
+        ``said_step`` is the span's own ``step=``); in a worker, the trace its environment names
+        (TRACEPARENT)."""
         if not self.driver:
             cached = self._worker_parent
             if cached is not None and cached[0] is ctx:
@@ -250,26 +249,8 @@ class Run:
             ctx = with_identity(self.identity, self.step_in_progress(ctx), ctx)
             self._worker_parent = (given, ctx)  # holds ``given``: its id cannot be reused meanwhile
             return ctx
-        with self._step_lock:
-            if self._step_span is None:
-                self._step_span = self.tracer.start_span(
-                    STEP_SPAN_NAME,
-                    context=Context(),  # a root: one trace per step
-                    attributes={semconv.STEP: self.step_in_progress()},
-                    start_time=self._step_started_ns,
-                )
-            ctx = trace.set_span_in_context(self._step_span, ctx)
+        ctx = self.step_roots.context_for(ctx, self.step_in_progress(), said_step)
         return with_identity(self.identity, self.step_in_progress(ctx), ctx)
-
-    def _end_step(self, step: int | None, now_ns: int, **attributes: Any) -> None:
-        with self._step_lock:
-            span, self._step_span = self._step_span, None
-            self._step_started_ns = now_ns
-        if span is not None:
-            if step is not None:
-                span.set_attribute(semconv.STEP, step)
-            span.set_attributes(attributes)
-            span.end(end_time=now_ns)
 
     # --- the hot path ----------------------------------------------------------------------------
 
@@ -304,8 +285,8 @@ class Run:
         if self._latest is not None:
             self._latest.update(step, scalars, now)
         self.last_step = step
-        if self._step_span is not None:
-            self._end_step(step, now)
+        if self.driver:
+            self.step_roots.step_logged(step, now)
 
     def observe(self, data: Mapping[str, Any], step: Any) -> None:
         """Numbers for the observability path only (OTLP gauges), as ``RLInsightLogger.log`` sends
@@ -354,7 +335,7 @@ class Run:
             span.set_attribute(ENDED_BY, "finish")
             span.end()
         self.open_spans.clear()
-        self._end_step(None, time.time_ns(), **{ENDED_BY: "finish"})
+        self.step_roots.end_all(time.time_ns(), **{ENDED_BY: "finish"})
         for provider in (self.tracer_provider, self.logger_provider):
             try:
                 provider.force_flush()
