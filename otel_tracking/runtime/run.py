@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer
 
 from otel_tracking import __version__
-from otel_tracking.config.otel_compat import LoggerProvider
+from otel_tracking.config.otel_compat import LoggerProvider, enabled_despite_sdk_disabled
 from otel_tracking.config.resource import build_resource
 from otel_tracking.config.resume import RunRecord, record_name
 from otel_tracking.config.settings import Settings
@@ -203,8 +203,7 @@ class Run:
         # backends named in default_backend still get spans and events, so these providers must
         # not hand out no-op tracers and loggers as the SDK's would under that variable.
         for provider in (self.tracer_provider, self.logger_provider):
-            if getattr(provider, "_disabled", False):
-                provider._disabled = False  # type: ignore[union-attr]
+            enabled_despite_sdk_disabled(provider)
         self.tracer: Tracer = self.tracer_provider.get_tracer("otel_tracking", __version__)
         self.step_roots = StepRoots(self.tracer, started_ns=time.time_ns())
         self.event_logger = self.logger_provider.get_logger("otel_tracking", __version__)
