@@ -68,7 +68,7 @@ def _backend_list(raw: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from otel_tracking import __version__
+    from otel_tracking.signals.semconv import SCOPE_VERSION
 
     defaults = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="OpenTelemetry-native experiment tracking: a demo run, a local collector/Jaeger/Prometheus "
         "stack, and replay of what a sink could not take.",
     )
-    parser.add_argument("--version", action="version", version=f"otel-tracking {__version__}")
+    parser.add_argument("--version", action="version", version=f"otel-tracking {SCOPE_VERSION}")
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error (also OTEL_TRACKING_DEBUG=1)"
     )

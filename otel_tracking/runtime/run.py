@@ -33,7 +33,6 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer
 
-from otel_tracking import __version__
 from otel_tracking.config.otel_compat import LoggerProvider, enabled_despite_sdk_disabled
 from otel_tracking.config.resource import build_resource
 from otel_tracking.config.resume import RunRecord, record_name
@@ -204,9 +203,9 @@ class Run:
         # not hand out no-op tracers and loggers as the SDK's would under that variable.
         for provider in (self.tracer_provider, self.logger_provider):
             enabled_despite_sdk_disabled(provider)
-        self.tracer: Tracer = self.tracer_provider.get_tracer("otel_tracking", __version__)
+        self.tracer: Tracer = self.tracer_provider.get_tracer(semconv.SCOPE_NAME, semconv.SCOPE_VERSION)
         self.step_roots = StepRoots(self.tracer, started_ns=time.time_ns())
-        self.event_logger = self.logger_provider.get_logger("otel_tracking", __version__)
+        self.event_logger = self.logger_provider.get_logger(semconv.SCOPE_NAME, semconv.SCOPE_VERSION)
 
         if driver:
             _end_stray_worker_runs()
