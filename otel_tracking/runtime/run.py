@@ -351,6 +351,8 @@ class Run:
         """Wait until every sink's worker handled what was submitted so far (delivered, or spooled
         after its attempts); False if the timeout passed first."""
         deadline = time.monotonic() + timeout_s
+        if self.driver and not self.finished:
+            self.step_roots.retire_closed()  # a logged step's root goes out now (step_roots.py)
         self.tracer_provider.force_flush()
         self.logger_provider.force_flush()
         return flush_sinks(self.all_sinks, deadline)
