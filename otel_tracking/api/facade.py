@@ -16,6 +16,7 @@ all deliberate:
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import warnings
@@ -76,7 +77,6 @@ class Tracking:
         ``never``): continue the previous run of this project and experiment in every tracker (see
         the README, "Resuming a run")."""
         self._run: Run | None = None
-        self._finished = False
         names = _backend_names(default_backend)
         insight = "rl_insight" in names and RLInsightLogger.enabled()
         settings = build_settings(
@@ -106,6 +106,9 @@ class Tracking:
             otlp = build_otlp_sinks(settings)
             sinks = [built[n] for n in names if n in built] + extra
             self._run = Run(settings, sinks, otlp_sinks=otlp, periodic_sinks=periodic)
+            # Also when the exit hook finishes a run nobody finished: the counts and the replay
+            # command are printed all the same.
+            self._run.on_finished = functools.partial(_after_finish, self._run)
         except BaseException:  # nothing half-built stays behind: no sink open, no bridge process
             for sink in [*built.values(), *extra, *periodic]:
                 sink.finish(1)
@@ -128,14 +131,7 @@ class Tracking:
         (delivered, failed, retried, spooled, dropped)."""
         if self._run is None:
             return {}
-        first = not self._finished
-        self._finished = True
-        stats = self._run.finish(exit_code)
-        if first and RLInsightLogger._run is self._run:
-            RLInsightLogger.finish()
-        if first:
-            _print_summary(self._run, stats)
-        return stats
+        return self._run.finish(exit_code)  # the first time, the run calls _after_finish
 
     # --- beyond the reference --------------------------------------------------------------------
 
@@ -181,6 +177,13 @@ def _say_resume(settings: Settings) -> None:
         f"(the previous attempt was {state})",
         file=sys.stderr,
     )
+
+
+def _after_finish(run: Run, stats: dict[str, dict[str, int]]) -> None:
+    """Once, when the run has finished (``finish()``, ``with``, or the exit hook)."""
+    if RLInsightLogger._run is run:
+        RLInsightLogger.finish()
+    _print_summary(run, stats)
 
 
 def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:
