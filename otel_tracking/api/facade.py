@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from otel_tracking.api.rl_insight import RLInsightLogger
+from otel_tracking.api.rl_insight import RLInsightLogger, say_where_it_goes
 from otel_tracking.bridges.process import start_bridges
 from otel_tracking.config.settings import Settings, build_settings
 from otel_tracking.delivery.pipeline import Sink
@@ -83,6 +83,8 @@ class Tracking:
             str(project_name), str(experiment_name), tuple(names), force_otlp=insight, resume=resume
         )
         settings = check_spool_dir(settings)
+        if insight:
+            say_where_it_goes(settings)
         # Everything that can be found wrong without opening anything is found first (a missing
         # package, a bad tracker setting, an OTEL_*_EXPORTER name that is nothing): a failed
         # Tracking() leaves nothing open and nothing written.
