@@ -216,6 +216,32 @@ def _source_tree_copy(dest: Path) -> Path:
     return dest
 
 
+def _tree(root: Path) -> set[str]:
+    return {str(path.relative_to(root)) for path in root.rglob("*") if "__pycache__" not in path.parts}
+
+
+def test_pip_wheel_leaves_the_checkout_as_it_was(tmp_path: Path) -> None:
+    """setuptools built in the checkout and left build/ and otel_tracking.egg-info/ there; the
+    build backend (build_backend/otel_tracking_build.py) keeps them in a temporary directory."""
+    import zipfile
+
+    source = _source_tree_copy(tmp_path / "src")
+    before = _tree(source)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    assert _tree(source) - before == set()
+    (wheel,) = (tmp_path / "dist").glob("otel_tracking-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {"otel_tracking/__init__.py", "otel_tracking/cli/main.py", "otel_tracking_stack/collector-config.yaml"}
+    assert wanted <= names
+    assert not [name for name in names if name.startswith(("build_backend", "tests/"))]
+
+
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with otel-tracking installed from a wheel built from this checkout, as users
