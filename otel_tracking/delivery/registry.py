@@ -215,6 +215,7 @@ def open_bridge(
         resume=resume,
         attempt=settings.attempt,
         continuing=continuing,
+        in_bridge_process=inputs is not None,  # only the bridge process hands inputs over
     )
     parts: BridgeParts = _bridge_module(name).open_bridge(context)
     return parts
