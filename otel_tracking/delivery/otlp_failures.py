@@ -71,21 +71,38 @@ def explain_failures(exporter: _T) -> _T:
         client.export = export_and_keep_reason  # type: ignore[union-attr]
 
     export = exporter.export  # type: ignore[attr-defined]
+    endpoint = str(getattr(exporter, "_endpoint", "") or "")
 
     def export_or_raise(data: Any) -> Any:
         _held.records, _held.reasons = [], []
         try:
             result = export(data)
             records, found = _held.records, _held.reasons
+        except Exception as error:  # older SDKs' HTTP exporters let requests' ConnectionError out
+            raise OTLPExportError(_error_reason(error, endpoint)) from error
         finally:
             _held.records = _held.reasons = None
         if getattr(result, "name", "") != "FAILURE":
             return result
-        said = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
-        raise OTLPExportError(found[-1] if found else (said[-1] if said else "the exporter reported FAILURE"))
+        raise OTLPExportError(found[-1] if found else _said(records))
 
     exporter.export = export_or_raise  # type: ignore[attr-defined]
     return exporter
+
+
+_RETRYING = re.compile(r",? retrying in [0-9.]+s?\.?$")
+
+
+def _said(records: list[logging.LogRecord]) -> str:
+    """The reason among the SDK's own lines: its last error, else its first warning (older SDKs
+    warn "Transient error ... retrying in 1s." and then, as ``one_try_per_export`` stops that
+    retry, "Shutdown in progress, aborting retry.")."""
+    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR]
+    if errors:
+        return errors[-1]
+    warnings = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    warnings = [w for w in warnings if not w.startswith("Shutdown in progress")]
+    return _RETRYING.sub("", warnings[0]) if warnings else "the exporter reported FAILURE"
 
 
 _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
@@ -98,8 +115,10 @@ def _http_reason(result: Any, endpoint: str) -> str:
         reason = getattr(result, "reason", None) or ""
         return f"{endpoint} answered HTTP {status}{' ' + reason if reason else ''}"
     error = getattr(result, "error", None)
-    if error is None:
-        return f"no answer from {endpoint}"
+    return f"no answer from {endpoint}" if error is None else _error_reason(error, endpoint)
+
+
+def _error_reason(error: BaseException, endpoint: str) -> str:
     text = str(error)
     errno = _ERRNO.search(text)  # requests' connection errors bury the reason in three wrappers
     if errno:
