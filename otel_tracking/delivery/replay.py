@@ -5,7 +5,9 @@ naming the sink and the run; replay rebuilds that sink from the header and the *
 environment (so point ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``MLFLOW_TRACKING_URI`` where the data
 should go now), reattaches to the backend's run where the bridge supports it (MLflow: the same run
 id), and exports every item in order.  A fully replayed file is renamed ``*.replayed`` (so nothing
-is delivered twice); items that still fail are written back for the next replay.
+is delivered twice; naming one is refused); items that still fail are written back for the next
+replay.  It says, per file, what was delivered (in records, and in the items a run's summary
+counts), then sums up all files.
 """
 
 from __future__ import annotations
