@@ -91,6 +91,9 @@ class BridgeContext:
     resume: Mapping[str, Any] | None = None
     attempt: int = 1  # ml.run.attempt of the run opening the tracker
     continuing: bool = False  # a restarted job continues its run: a live attempt, not a replay
+    # Opened in the bridge process, which the trackers share: its console is theirs (their own
+    # messages), not the training script's.
+    in_bridge_process: bool = False
 
     @classmethod
     def from_env(cls) -> BridgeContext:

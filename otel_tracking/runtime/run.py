@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.context import Context
@@ -172,6 +172,9 @@ class Run:
         self.resource = build_resource(settings)
         self.sinks = list(sinks)
         self.finished = False
+        # Called once with the counts when the run has finished, by finish() or the exit hook
+        # (the facade prints its summary there).
+        self.on_finished: Callable[[dict[str, dict[str, int]]], None] | None = None
         self.last_step: int | None = None
         self._finish_lock = threading.Lock()
         self._env_context = None if driver else extract_env(settings.env)
@@ -345,7 +348,13 @@ class Run:
             for sink in self.sinks:  # a tracker that opened late said how to reattach by now
                 self.record.set_backend(sink.name, sink.resume)
             self.record.finished(exit_code)
-        return self.stats()
+        stats = self.stats()
+        if self.on_finished is not None:
+            try:
+                self.on_finished(stats)
+            except Exception:  # (a closed stderr at exit) the run is finished all the same
+                logger.exception("otel-tracking: reporting the end of the run failed")
+        return stats
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every sink's worker handled what was submitted so far (delivered, or spooled
