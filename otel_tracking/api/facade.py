@@ -39,7 +39,8 @@ from otel_tracking.delivery.registry import (
     is_bridge,
 )
 from otel_tracking.delivery.spool_files import check_spool_dir
-from otel_tracking.runtime.run import Run, exit_code_for
+from otel_tracking.runtime.lifecycle import exit_code_for
+from otel_tracking.runtime.run import Run
 
 logger = logging.getLogger("otel_tracking")
 
