@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from otel_tracking.signals.semconv import SCOPE_VERSION as __version__
 
 _EXPORTS = {
     "Tracking": "otel_tracking.api.facade",

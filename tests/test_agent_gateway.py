@@ -197,7 +197,7 @@ class Driver:
         carrier = inject()  # outside any span: the step's root span
         reports = run_workers(self.agent, step, ranks, carrier["traceparent"], self.worker)
         ValidationGenerationsLogger().log(["file"], [["q", "a", 1.0]], step)
-        self.tracking.log({"driver.step_done": 1.0}, step)  # ends the step's root span
+        self.tracking.log({"driver.step_done": 1.0}, step)  # closes the step's root span
         _, trace_id, span_id, _ = carrier["traceparent"].split("-")
         return {"trace_id": trace_id, "span_id": span_id}, reports
 

@@ -168,7 +168,6 @@ def test_rl_insight_log_does_not_move_the_drivers_step(tmp_path: Path) -> None:
     assert [json.loads(line)["step"] for line in sink.read_text().splitlines()] == [1, 2]
     events = [json.loads(line) for line in (tmp_path / "exp.events.jsonl").read_text().splitlines()]
     phases = [e for e in events if e.get("name") == "generate"]
-    # the phase after the insight values: the step in progress is Tracking's 2 (the first phase's
-    # stamp is issue 21's step-0 question, not this test's)
+    # the phase after the insight values: the step in progress is Tracking's 2
     assert phases[1]["attributes"]["ml.step"] == 2, phases
     assert {p["attributes"]["ml.lane"] for p in phases} == {"replica_0"}
