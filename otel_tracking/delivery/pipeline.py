@@ -105,6 +105,7 @@ class Sink:
         self.spans = spans
         self.logs = logs
         self._step_records = _takes_step_records(metrics)
+        self._bulk = _bulk_path(metrics)
         self.where = where  # shown to the user at the end of a run: where this sink wrote
         self.inline = inline  # called on the caller's thread (file, console): on disk when log() returns
         self.resume = resume  # what replay needs to reattach to this backend's run (e.g. an MLflow run id)
@@ -144,6 +145,7 @@ class Sink:
                 return False
             self.metrics, self.spans, self.logs = parts.metrics, parts.spans, parts.logs
             self._step_records = _takes_step_records(parts.metrics)
+            self._bulk = _bulk_path(parts.metrics)
             self._on_finish = parts.finish
             self.where = parts.where
             self.resume = parts.resume
@@ -201,7 +203,7 @@ class Sink:
         exporter with a bulk path (``export_many``: MLflow packs steps into requests of up to 1,000
         metrics) gets them all, and calls ``progress()`` as each of its requests lands; any other gets
         them one by one, and after a failure the rest wait."""
-        bulk = getattr(self.metrics, "export_many", None) if kind == "metrics" and self._step_records else None
+        bulk = self._bulk if kind == "metrics" and self._step_records else None
         if bulk is None or not all(isinstance(payload, StepBatch) for payload in payloads):
             results: list[Any] = []
             for payload in payloads:
@@ -317,6 +319,13 @@ def export_to(sinks: Sequence[Sink], kind: str, payload: Any) -> None:
             carried.setdefault(id(sink.carrier), (sink.carrier, []))[1].append(sink.name)
     for carrier, names in carried.values():
         carrier.submit(names, kind, payload)
+
+
+def _bulk_path(exporter: Any) -> Callable[..., Any] | None:
+    """A step exporter's way to take several steps at once (``export_many``), known when the
+    exporter is set."""
+    bulk = getattr(exporter, "export_many", None)
+    return bulk if callable(bulk) else None
 
 
 def _takes_step_records(exporter: Any) -> bool:
