@@ -128,7 +128,7 @@ def child_micro(spec: dict[str, Any]) -> dict[str, Any]:
     from verl.single_controller.ray.base import RayWorkerGroup
 
     from otel_tracking import Tracking, trace_state
-    from otel_tracking.propagation import inject
+    from otel_tracking.distributed.propagation import inject
 
     class Work:
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)

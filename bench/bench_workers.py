@@ -32,7 +32,7 @@ Parts:
          normal exit.  Each worker writes one byte per ended span on a pipe; lost = ended - arrived.
 
 ``--spans-per-call 1,10`` adds cost workers (100 ms export interval) whose spans come in calls of
-that many, each call ending as a ``traced`` Ray method's does: :func:`otel_tracking.worker.deliver_pending`
+that many, each call ending as a ``traced`` Ray method's does: :func:`otel_tracking.distributed.worker.deliver_pending`
 waits until the call's spans have left (Ray may ``_exit`` the process once the caller has the
 result); the time each call's end waits is reported too.
 
@@ -271,7 +271,7 @@ def child_paced(spec: dict[str, Any]) -> None:
     import atexit
 
     from otel_tracking import trace_state
-    from otel_tracking.worker import deliver_pending, worker_run
+    from otel_tracking.distributed.worker import deliver_pending, worker_run
 
     kind = spec.get("kind", "trace_state")
     spans_per_call = spec.get("spans_per_call")  # a traced Ray call's end every that many spans
@@ -375,7 +375,7 @@ def child_micro(spec: dict[str, Any]) -> None:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from otel_tracking import trace_state
-    from otel_tracking.worker import worker_run
+    from otel_tracking.distributed.worker import worker_run
 
     provider = TracerProvider(resource=Resource({"service.name": "bench-bare-sdk"}), shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # OTEL_EXPORTER_OTLP_ENDPOINT

@@ -9,15 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from otel_tracking.signals.semconv import SCOPE_VERSION as __version__
 
 _EXPORTS = {
-    "Tracking": "otel_tracking.facade",
-    "trace_state": "otel_tracking.spans",
-    "RLInsightLogger": "otel_tracking.rl_insight",
-    "ValidationGenerationsLogger": "otel_tracking.generations",
-    "DapoFilteredRewardTableLogger": "otel_tracking.generations",
-    "ConfigError": "otel_tracking.settings",
+    "Tracking": "otel_tracking.api.facade",
+    "trace_state": "otel_tracking.api.spans",
+    "RLInsightLogger": "otel_tracking.api.rl_insight",
+    "ValidationGenerationsLogger": "otel_tracking.api.generations",
+    "DapoFilteredRewardTableLogger": "otel_tracking.api.generations",
+    "ConfigError": "otel_tracking.config.settings",
 }
 
 __all__ = [  # noqa: RUF022 - the lazy names, then the version
@@ -31,11 +31,11 @@ __all__ = [  # noqa: RUF022 - the lazy names, then the version
 ]
 
 if TYPE_CHECKING:
-    from otel_tracking.facade import Tracking
-    from otel_tracking.generations import DapoFilteredRewardTableLogger, ValidationGenerationsLogger
-    from otel_tracking.rl_insight import RLInsightLogger
-    from otel_tracking.settings import ConfigError
-    from otel_tracking.spans import trace_state
+    from otel_tracking.api.facade import Tracking
+    from otel_tracking.api.generations import DapoFilteredRewardTableLogger, ValidationGenerationsLogger
+    from otel_tracking.api.rl_insight import RLInsightLogger
+    from otel_tracking.api.spans import trace_state
+    from otel_tracking.config.settings import ConfigError
 
 
 def __getattr__(name: str) -> Any:

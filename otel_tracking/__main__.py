@@ -1,3 +1,3 @@
-from otel_tracking.cli import main
+from otel_tracking.cli.main import main
 
 raise SystemExit(main())

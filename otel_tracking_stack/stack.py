@@ -21,7 +21,7 @@ overrides the root), keyed by version and, for the collector, a hash of the mani
 second run reuses them.
 
 This is development tooling beside the runtime package ``otel_tracking``, not part of it: standard
-library only; of ``otel_tracking`` it uses the scrape-target files (``otel_tracking.targets``), which
+library only; of ``otel_tracking`` it uses the scrape-target files (``otel_tracking.distributed.targets``), which
 the runtime writes and this stack's Prometheus reads. ``main(argv)`` implements
 ``otel-tracking stack up|down|status|build``.
 """
@@ -693,14 +693,14 @@ class Stack(_OtlpReceiver):
         """Register Prometheus endpoints (``host:port``) for the collector to scrape: a file_sd file
         in the targets directory (what ``RLInsightLogger.register_metrics`` writes too), picked up
         within the receiver's refresh interval.  ``job_name`` becomes the ``job`` label."""
-        from otel_tracking.targets import scrape_targets, write_targets_file
+        from otel_tracking.distributed.targets import scrape_targets, write_targets_file
 
         addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         groups = scrape_targets(addresses, job_name, [dict(labels or {})] * len(addresses))
         return write_targets_file(self.targets_dir, job_name, groups)
 
     def remove_scrape_target(self, job_name: str) -> None:
-        from otel_tracking.targets import remove_targets_files
+        from otel_tracking.distributed.targets import remove_targets_files
 
         remove_targets_files(self.targets_dir, job_name)
 

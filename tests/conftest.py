@@ -47,7 +47,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def _finish_leftover_runs() -> None:
-    from otel_tracking import run as run_module
+    from otel_tracking.runtime import run as run_module
 
     while (leftover := run_module.current_run()) is not None:
         leftover.finish()

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from otel_tracking.ids import ID_GENERATOR
+from otel_tracking.signals.ids import ID_GENERATOR
 from otel_tracking_stack.stack import AGENT_CONFIG, Agent, AgentPorts, Ports, Stack, ensure_binaries
 from tests.stack_queries import jaeger_traces, prom_query
 from tests.test_stack import poll
@@ -192,12 +192,12 @@ class Driver:
     def step(self, step: int, ranks: Sequence[int]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
         """Workers under the step's root span (their parent through TRACEPARENT); ids and reports."""
         from otel_tracking import ValidationGenerationsLogger
-        from otel_tracking.propagation import inject
+        from otel_tracking.distributed.propagation import inject
 
         carrier = inject()  # outside any span: the step's root span
         reports = run_workers(self.agent, step, ranks, carrier["traceparent"], self.worker)
         ValidationGenerationsLogger().log(["file"], [["q", "a", 1.0]], step)
-        self.tracking.log({"driver.step_done": 1.0}, step)  # ends the step's root span
+        self.tracking.log({"driver.step_done": 1.0}, step)  # closes the step's root span
         _, trace_id, span_id, _ = carrier["traceparent"].split("-")
         return {"trace_id": trace_id, "span_id": span_id}, reports
 

@@ -540,8 +540,8 @@ def test_replay_into_an_unreachable_mlflow_keeps_the_file_and_says_so(isolated: 
 
     from opentelemetry.sdk.resources import Resource
 
-    from otel_tracking.delivery import Spool
-    from otel_tracking.steps import step_batch
+    from otel_tracking.delivery.engine import Spool
+    from otel_tracking.signals.steps import step_batch
     from tests.conftest import free_port
 
     path = isolated / "spool" / "proj" / "exp-r1" / "mlflow.jsonl"

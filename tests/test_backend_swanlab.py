@@ -237,7 +237,7 @@ def test_export_after_finish_fails_without_raising(swanlab_env: Path) -> None:
 
     from otel_tracking.exporters import swanlab as bridge
     from otel_tracking.exporters._base import BridgeContext
-    from otel_tracking.steps import step_batch
+    from otel_tracking.signals.steps import step_batch
 
     parts = bridge.open_bridge(BridgeContext(project="p", experiment="e", env=os.environ))
     batch = step_batch(Resource({}), 1, {"x": 1.0}, {"s": "text"}, 0)

@@ -212,7 +212,7 @@ def test_exporters_return_failure_after_the_session_closed(isolated: Path) -> No
 
     from otel_tracking.exporters._base import BridgeContext
     from otel_tracking.exporters.tensorboard import open_bridge
-    from otel_tracking.steps import step_batch
+    from otel_tracking.signals.steps import step_batch
 
     parts = open_bridge(BridgeContext(project="p", experiment="e", env={}))
     batch = step_batch(Resource.create({}), 1, {"x": 1.0}, {}, 1)

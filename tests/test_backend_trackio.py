@@ -261,7 +261,7 @@ def test_exporters_return_failure_after_finish(trackio_env: str) -> None:
 
     from otel_tracking.exporters._base import BridgeContext
     from otel_tracking.exporters.trackio import open_bridge
-    from otel_tracking.steps import step_batch
+    from otel_tracking.signals.steps import step_batch
 
     parts = open_bridge(BridgeContext(project=trackio_env, experiment="e", env=os.environ))
     batch = step_batch(Resource.create({}), 1, {"x": 1.0}, {}, 1)

@@ -174,14 +174,14 @@ def metrics_data(step: int, scalars: dict[str, Any], others: dict[str, Any]) -> 
     """One log() call as the facade hands it to a sink."""
     from opentelemetry.sdk.resources import Resource
 
-    from otel_tracking.steps import step_batch
+    from otel_tracking.signals.steps import step_batch
 
     return step_batch(Resource({}), step, scalars, others, time.time_ns())
 
 
 def ours() -> Any:
     from otel_tracking import Tracking, trace_state
-    from otel_tracking.generations import DapoFilteredRewardTableLogger, ValidationGenerationsLogger
+    from otel_tracking.api.generations import DapoFilteredRewardTableLogger, ValidationGenerationsLogger
 
     return Tracking, trace_state, ValidationGenerationsLogger, DapoFilteredRewardTableLogger
 
@@ -507,9 +507,9 @@ def test_vemlp_wandb_open_bridge_injection_and_errors(
     import os
 
     from otel_tracking import Tracking
+    from otel_tracking.config.settings import ConfigError
     from otel_tracking.exporters import vemlp_wandb
     from otel_tracking.exporters._base import BridgeContext, StepRecord
-    from otel_tracking.settings import ConfigError
 
     root = wandb_dir("injected")
     injected = PlatformStandIn()

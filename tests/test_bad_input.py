@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otel_tracking import ConfigError, Tracking
-from otel_tracking.pipeline import Sink
-from otel_tracking.resume import RunRecord, record_name
-from otel_tracking.run import sink_spool
-from otel_tracking.settings import build_settings, build_worker_settings, spool_dir, spool_root
+from otel_tracking.config.resume import RunRecord, record_name
+from otel_tracking.config.settings import build_settings, build_worker_settings, spool_dir, spool_root
+from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.delivery.spool_files import sink_spool
 
 
 def _nested(depth: int) -> dict:
@@ -86,7 +86,7 @@ def test_a_failed_tracking_leaves_nothing_open_and_nothing_written(
 ) -> None:
     """``OTEL_METRICS_EXPORTER=file,bogus``: the file sink was created (its line printed, its file
     made) before the bad name failed; and a tracker named before it stayed open."""
-    from otel_tracking import run as run_module
+    from otel_tracking.runtime import run as run_module
 
     monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(isolated / "logs"))
     monkeypatch.setenv("TENSORBOARD_DIR", str(isolated / "tb"))

@@ -22,7 +22,7 @@ from typing import TypeVar
 import pytest
 
 from otel_tracking import Tracking
-from otel_tracking.settings import ConfigError
+from otel_tracking.config.settings import ConfigError
 from tests import readers_mlflow as mlflow_reader
 from tests.otlp_receiver import wait_for
 from tests.servers import live_children, process_gone
@@ -292,7 +292,7 @@ def test_a_failure_after_the_bridges_started_leaves_no_process(
 ) -> None:
     """Anything that fails in Tracking() after the bridge process started (here the run's own
     construction, an injected fault) takes the bridge process down with it."""
-    from otel_tracking import facade
+    from otel_tracking.api import facade
 
     def broken_run(*args: object, **kwargs: object) -> None:
         raise RuntimeError("injected")

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from otel_tracking.codec import DECODERS, ENCODERS
+from otel_tracking.delivery.codec import DECODERS, ENCODERS
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 keys = st.text("abcdefghij._", min_size=1, max_size=8)

@@ -14,8 +14,9 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 
 from otel_tracking import Tracking, trace_state
-from otel_tracking.delivery import Policy, Spool, Worker, read_spool
-from otel_tracking.steps import StepBatch
+from otel_tracking.config.policy import Policy
+from otel_tracking.delivery.engine import Spool, Worker, read_spool
+from otel_tracking.signals.steps import StepBatch
 from tests.conftest import free_port, p99_holds
 from tests.otlp_receiver import HttpReceiver, wait_for
 
@@ -194,7 +195,7 @@ def test_a_batch_in_flight_at_the_finish_deadline_is_spooled_and_counted(
         late = tracking._run.stats()["otlp-traces"]
         items = ("delivered", "spooled", "dropped")  # ("failed" counts attempts: the late one failed)
         assert {k: late[k] for k in items} == {k: stats[k] for k in items}, "no item counted twice"
-    from otel_tracking.delivery import read_spool
+    from otel_tracking.delivery.engine import read_spool
 
     _, records = read_spool(next((isolated / "spool").rglob("otlp-traces.jsonl")))
     assert sum(len(payload) for _, payload in records) == handed  # each span once (batches may merge them)
@@ -216,7 +217,7 @@ class _Recorder:
 
 
 def test_export_interval_sends_a_busy_sinks_spans_together_and_never_holds_a_flush_or_the_stop() -> None:
-    from otel_tracking.delivery import _MAX_MERGE, Policy, Worker
+    from otel_tracking.delivery.engine import _MAX_MERGE, Policy, Worker
 
     recorder = _Recorder()
     worker = Worker("spans", recorder.deliver, recorder.count, None, Policy(export_interval_s=60.0))
@@ -237,7 +238,8 @@ def test_export_interval_sends_a_busy_sinks_spans_together_and_never_holds_a_flu
 
 
 def test_without_export_interval_each_span_leaves_at_once() -> None:
-    from otel_tracking.delivery import Policy, Worker
+    from otel_tracking.config.policy import Policy
+    from otel_tracking.delivery.engine import Worker
 
     recorder = _Recorder()
     worker = Worker("spans", recorder.deliver, recorder.count, None, Policy())

@@ -127,8 +127,8 @@ def test_what_the_trackers_get_for_numpy_numbers_and_odd_steps(tmp_path: Path) -
     """Beside the file's exact text, every other sink gets the number and the int step."""
     import numpy as np
 
-    from otel_tracking.steps import StepBatch
-    from otel_tracking.values import split_values, step_as_logged, to_step
+    from otel_tracking.signals.steps import StepBatch
+    from otel_tracking.signals.values import split_values, step_as_logged, to_step
 
     scalars, others, logged = split_values({"f32": np.float32(1.1), "u64": np.uint64(2**63 + 5), "f": 0.5})
     assert scalars == {"f32": float(np.float32(1.1)), "u64": float(2**63 + 5), "f": 0.5} and not others

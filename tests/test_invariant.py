@@ -28,8 +28,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking.delivery import Damaged, Policy, Spool, read_spool
-from otel_tracking.pipeline import Sink
+from otel_tracking.delivery.engine import Damaged, Policy, Spool, read_spool
+from otel_tracking.delivery.pipeline import Sink
 
 _tracer = TracerProvider().get_tracer("invariant")
 
@@ -161,7 +161,7 @@ TestDeliveryInvariant.settings = settings(
 
 def test_the_machine_catches_an_uncounted_loss(monkeypatch: Any) -> None:
     """The invariant can fail: a worker that forgets an item it could not deliver is caught."""
-    from otel_tracking import delivery
+    from otel_tracking.delivery import engine as delivery
 
     monkeypatch.setattr(delivery, "set_aside", lambda *args, **kwargs: None)
     machine = DeliveryMachine()

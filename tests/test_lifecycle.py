@@ -263,7 +263,7 @@ def test_ctrl_c_is_recorded_as_an_interrupted_run_in_every_tracker(tmp_path: Pat
 
 
 def test_the_exit_code_a_run_is_ended_with(isolated: Path) -> None:
-    from otel_tracking.run import exit_code_for
+    from otel_tracking.runtime.run import exit_code_for
 
     assert [exit_code_for(e) for e in (None, KeyboardInterrupt(), SystemExit(143), SystemExit(), ValueError())] == [
         0,

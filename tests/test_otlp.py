@@ -238,7 +238,8 @@ def test_otlp_over_tls_with_headers_from_the_standard_variables(
         stats = tracking.finish()
         assert receiver.endpoint.startswith("https://")
         assert stats["otlp-traces"]["delivered"] == 2 and stats["otlp-metrics"]["failed"] == 0
-        assert [s["name"] for s in receiver.received.spans()] == ["ml.step", "rollout"]  # log() ends the step
+        # log() inside the phase closes the step; its root ends after the phase, which it encloses
+        assert [s["name"] for s in receiver.received.spans()] == ["rollout", "ml.step"]
         assert receiver.received.last_gauges()["loss"] == 0.5
         assert all(h["x-tenant"] == "rl-team" and h["authorization"] == "Bearer abc" for h in receiver.received.headers)
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otel_tracking import Tracking
-from otel_tracking.redact import scrub_value
+from otel_tracking.signals.redact import scrub_value
 
 INT64 = (-(2**63), 2**63 - 1)
 

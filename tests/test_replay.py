@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_tracking.delivery import Damaged, Spool, read_spool
+from otel_tracking.delivery.engine import Damaged, Spool, read_spool
 from tests.otlp_receiver import HttpReceiver, wait_for
 
 
@@ -99,9 +99,9 @@ def test_a_path_that_does_not_exist_is_an_error(isolated: Path) -> None:
 def test_ranks_sharing_a_run_id_spool_to_files_of_their_own(isolated: Path, monkeypatch: object) -> None:
     """Two ranks of one job (one run id, each with its own tracker runs) never share a spool file,
     so each file's header names the right run to replay into."""
-    from otel_tracking.pipeline import Sink
-    from otel_tracking.run import sink_spool
-    from otel_tracking.settings import build_settings
+    from otel_tracking.config.settings import build_settings
+    from otel_tracking.delivery.pipeline import Sink
+    from otel_tracking.delivery.spool_files import sink_spool
 
     paths = []
     for rank in ("0", "1"):
@@ -147,7 +147,7 @@ def test_replay_delivers_the_attempts_of_a_run_in_the_order_they_were_logged(iso
     """Files were replayed sorted by name: ``*.attempt2.jsonl`` before ``*.jsonl``, and a reopened
     wandb run drops steps below its current one, so attempt 1's spooled steps were lost (issue 19,
     item 6).  Attempt 10 comes after attempt 2, and each rank's files keep their own order."""
-    from otel_tracking.replay import spool_files
+    from otel_tracking.delivery.replay import spool_files
 
     run = isolated / "spool" / "proj" / "exp-r1"
     names = [
@@ -225,13 +225,13 @@ def test_replay_of_a_tracker_that_never_opened_goes_to_the_store_the_run_named(
 
 
 def test_a_destination_with_credentials_is_not_kept_and_replay_asks_for_it(isolated: Path) -> None:
-    from otel_tracking.registry import destination, with_destination
-    from otel_tracking.settings import build_settings
+    from otel_tracking.config.settings import build_settings
+    from otel_tracking.delivery.registry import destination, with_destination
 
     settings = build_settings("p", "e", (), env={"MLFLOW_TRACKING_URI": "https://user:secret@mlflow.example"})
     kept = destination("mlflow", settings)
     assert kept == {"MLFLOW_TRACKING_URI": None} and "secret" not in repr(kept)
-    from otel_tracking.settings import ConfigError
+    from otel_tracking.config.settings import ConfigError
 
     with pytest.raises(ConfigError, match="set MLFLOW_TRACKING_URI to replay it"):
         with_destination({}, kept)

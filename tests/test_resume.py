@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from otel_tracking import Tracking
+from otel_tracking.config.settings import ConfigError
 from otel_tracking.exporters.file import read_metrics
-from otel_tracking.settings import ConfigError
 from tests import readers_clearml, readers_mlflow, readers_swanlab, readers_wandb
 from tests.otlp_receiver import HttpReceiver, wait_for
 from tests.servers import process_gone
@@ -411,9 +411,9 @@ def test_two_experiments_in_one_directory_do_not_pick_up_each_others_runs(
 
 
 def test_a_resumed_attempt_spools_into_files_of_its_own(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from otel_tracking.pipeline import Sink
-    from otel_tracking.run import sink_spool
-    from otel_tracking.settings import build_settings
+    from otel_tracking.config.settings import build_settings
+    from otel_tracking.delivery.pipeline import Sink
+    from otel_tracking.delivery.spool_files import sink_spool
 
     _file_env(monkeypatch, isolated)
     Tracking("proj", "exp", default_backend=["file"]).finish()
@@ -443,7 +443,7 @@ def test_a_resume_value_that_cannot_be_used_is_a_config_error(
 def test_a_worker_joins_the_drivers_attempt() -> None:
     """Worker processes get the attempt from the driver's baggage (or the resource attributes that
     ``propagated_env`` hands them) and never look for records of their own."""
-    from otel_tracking.settings import build_worker_settings, propagated_env
+    from otel_tracking.config.settings import build_worker_settings, propagated_env
 
     assert build_worker_settings({"ml.run.id": "r-1", "ml.run.attempt": "3"}).attempt == 3
     env = propagated_env({"ml.run.id": "r-1", "ml.run.attempt": "2"}, env={"OTEL_TRACKING_RESUME": "auto"})

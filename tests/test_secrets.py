@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_tracking import Tracking, ValidationGenerationsLogger, trace_state
-from otel_tracking.redact import REDACTED, is_secret_key, redact_config, scrub_text, scrub_value
+from otel_tracking.signals.redact import REDACTED, is_secret_key, redact_config, scrub_text, scrub_value
 from tests.otlp_receiver import HttpReceiver
 
 REPO = Path(__file__).resolve().parent.parent
@@ -253,7 +253,7 @@ def test_ordinary_configs_come_out_untouched(config: Any) -> None:
 @settings(max_examples=200, deadline=None)
 @given(ordinary_keys, ordinary_values)
 def test_ordinary_labels_come_out_untouched(key: str, value: Any) -> None:
-    from otel_tracking.spans import LABEL_PREFIX, state_attributes
+    from otel_tracking.api.spans import LABEL_PREFIX, state_attributes
 
     if value is None:
         return  # not an attribute value

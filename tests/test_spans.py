@@ -157,7 +157,7 @@ def test_without_a_tracking_spans_go_to_the_process_worker_run(
         return 1
 
     assert f() == 1
-    from otel_tracking.run import current_run
+    from otel_tracking.runtime.run import current_run
 
     run = current_run()
     assert run is not None and not run.driver
@@ -196,7 +196,7 @@ def test_driver_spans_outside_a_run(isolated: Path, monkeypatch: pytest.MonkeyPa
     was spooled with a "no trace exporter" warning). Issue 19, item 9."""
     import logging
 
-    from otel_tracking import run as run_module
+    from otel_tracking.runtime import run as run_module
 
     monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(isolated))
     with trace_state("before"):

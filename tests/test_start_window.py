@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from otel_tracking import Tracking, trace_state
-from otel_tracking.settings import ConfigError
+from otel_tracking.config.settings import ConfigError
 from tests import readers_mlflow as mlflow_reader
 from tests.otlp_receiver import wait_for
 from tests.servers import DelayProxy, HungServer, MlflowServer, live_children, process_gone
@@ -205,7 +205,7 @@ WITHOUT_SDKS = textwrap.dedent(
     import json, os, site, sys
     site.addsitedir(sys.argv[1])  # site-packages without the trackers' SDKs (python -S)
     from otel_tracking import Tracking
-    from otel_tracking.settings import ConfigError
+    from otel_tracking.config.settings import ConfigError
     from tests.servers import live_children
 
     errors = {}

@@ -171,3 +171,15 @@ def test_one_value_per_key_and_step_whatever_the_batches_and_failures(
         # no failure: exactly one value per key and step, in step order
         assert len(session.written) == len(model)
         assert [s for s, _, _ in session.written] == sorted(s for s, _, _ in session.written)
+
+
+def test_the_first_steps_phases_take_their_roots_step() -> None:
+    """Before the first log() a phase carries no ml.step: it waits for its trace's root, which
+    says the step (1 here, not the last step written, 0)."""
+    session = Recording()
+    exporter = BridgeSpanExporter(session)
+    exporter.export([span("rollout", None, 0, 10)])
+    exporter.export([span("rollout", None, 5, 30)])
+    assert session.written == []
+    exporter.export([span("ml.step", 1, 0, 40)])
+    assert session.written == [(1, "timing_s/state/rollout", 30e-9), (1, "timing_s/state/rollout/slowest", 25e-9)]

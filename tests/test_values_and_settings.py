@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from otel_tracking import ConfigError, Tracking
-from otel_tracking.redact import REDACTED, is_secret_key, redact_config
-from otel_tracking.settings import build_settings
-from otel_tracking.values import InstrumentNames, to_number, to_step
+from otel_tracking.config.settings import build_settings
+from otel_tracking.signals.redact import REDACTED, is_secret_key, redact_config
+from otel_tracking.signals.values import InstrumentNames, to_number, to_step
 
 SDK_NAME = re.compile(r"[a-zA-Z][-_./a-zA-Z0-9]{0,254}")  # opentelemetry-api 1.45's instrument name rule
 
@@ -214,7 +214,7 @@ def test_a_step_record_is_what_an_exporter_decodes_from_the_metrics_data() -> No
     from opentelemetry.sdk.resources import Resource
 
     from otel_tracking.exporters.console import ConsoleMetricExporter
-    from otel_tracking.steps import StepBatch
+    from otel_tracking.signals.steps import StepBatch
 
     cases = [
         ({"a/b": 1.0, "c@4": float("inf"), "flag": True, "n": 3}, {}),
@@ -232,7 +232,7 @@ def test_the_resource_is_what_any_otel_app_has_plus_the_run_identity(isolated, m
     look secret are dropped (issue 12)."""
     from importlib.metadata import version
 
-    from otel_tracking.run import build_resource
+    from otel_tracking.config.resource import build_resource
 
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "team=rl,ml.project=not-this,api_key=s3cret")
     settings = build_settings("proj", "exp", ())

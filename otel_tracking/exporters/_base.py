@@ -33,13 +33,14 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking import semconv, settings
-from otel_tracking.otel_compat import LogRecordExporter, LogRecordExportResult
-from otel_tracking.redact import scrub_text
-from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
-from otel_tracking.semconv import STEP_SPAN_NAME
-from otel_tracking.steps import OTHERS_ATTRIBUTE, STEP_METRIC, StepRecord
-from otel_tracking.values import decode_others
+from otel_tracking.config import settings
+from otel_tracking.config.otel_compat import LogRecordExporter, LogRecordExportResult
+from otel_tracking.signals import semconv
+from otel_tracking.signals.redact import scrub_text
+from otel_tracking.signals.semconv import STEP as STEP_ATTRIBUTE
+from otel_tracking.signals.semconv import STEP_SPAN_NAME
+from otel_tracking.signals.steps import OTHERS_ATTRIBUTE, STEP_METRIC, StepRecord
+from otel_tracking.signals.values import decode_others
 
 logger = logging.getLogger("otel_tracking")
 
@@ -56,7 +57,7 @@ def _delta_for_all() -> dict[type, AggregationTemporality]:
         UpDownCounter,
     )
 
-    from otel_tracking.otel_compat import sdk_gauge_class
+    from otel_tracking.config.otel_compat import sdk_gauge_class
 
     kinds = (
         Counter,
@@ -174,7 +175,7 @@ class StepMetricExporter(MetricExporter):
 
 @dataclass(frozen=True)
 class Event:
-    """A log record as bridges read it (see ``otel_tracking.generations`` for the event shapes)."""
+    """A log record as bridges read it (see ``otel_tracking.api.generations`` for the event shapes)."""
 
     name: str
     step: int | None
@@ -237,7 +238,7 @@ class BridgeSession(ABC):
 
     def flush_timings(self) -> bool:
         """Write every timing still held (the span exporter's flush and shutdown)."""
-        return self.write_timings(self.step_timings.drain())
+        return self.write_timings(self.step_timings.drain(self.last_step))
 
     @property
     def step_timings(self) -> StepTimings:
@@ -496,6 +497,11 @@ class StepTimings:
     step arrives, or at :meth:`drain` (flush, finish).  A span that arrives after its step was
     handed back (a rollout outliving its step) is handed back on its own at the next of those.
 
+    A span without ``ml.step`` (the first step's phases: no step was logged yet when they
+    started) takes the step of its trace's root, which ends after it and says the step its
+    ``log()`` gave; until the root comes it waits (at :meth:`drain`, flush or finish, it goes to
+    the fallback step: the last step written).
+
     A span folded in again (the delivery layer retries a batch the backend failed) changes
     nothing: the ids of the spans handed back are remembered for the last :attr:`REMEMBERED_STEPS`
     steps, and a held timing holds its span ids."""
@@ -505,6 +511,7 @@ class StepTimings:
     def __init__(self) -> None:
         self._pending: dict[tuple[int, str], PhaseTiming] = {}
         self._handed_back: dict[int, set[int]] = {}  # step -> ids of its spans already handed back
+        self._waiting: dict[int, list[Any]] = {}  # trace id -> its spans without a step, until its root
         self._lock = threading.Lock()
 
     def add(self, spans: Sequence[Any], fallback_step: int) -> list[PhaseTiming]:
@@ -512,24 +519,34 @@ class StepTimings:
         closed: list[PhaseTiming] = []
         with self._lock:
             for span in spans:
-                step = span_step(span, fallback_step)
+                context = getattr(span, "context", None)
+                stepless = STEP_ATTRIBUTE not in (span.attributes or {})
                 if span.name == STEP_SPAN_NAME:
+                    step = span_step(span, fallback_step)
+                    for waiting in self._waiting.pop(context.trace_id if context is not None else 0, ()):
+                        self._fold(waiting, step)
                     closed += self._take(lambda pending: pending <= step)  # noqa: B023 - used at once
                     continue
                 if span.start_time is None or span.end_time is None:
                     continue
-                closed += self._take(lambda pending: pending < step)  # noqa: B023 - used at once
-                context = getattr(span, "context", None)
-                span_id = context.span_id if context is not None else id(span)
-                if span_id in self._handed_back.get(step, ()):
+                if stepless and context is not None:
+                    self._waiting.setdefault(context.trace_id, []).append(span)
                     continue
-                timing = self._pending.get((step, span.name))
-                if timing is None:
-                    timing = self._pending[(step, span.name)] = PhaseTiming(
-                        step, span.name, span.start_time, span.end_time, 0.0
-                    )
-                timing.add(span_id, span.start_time, span.end_time)
+                step = span_step(span, fallback_step)
+                closed += self._take(lambda pending: pending < step)  # noqa: B023 - used at once
+                self._fold(span, step)
         return closed
+
+    def _fold(self, span: Any, step: int) -> None:
+        context = getattr(span, "context", None)
+        span_id = context.span_id if context is not None else id(span)
+        if span_id in self._handed_back.get(step, ()):
+            return
+        timing = self._pending.get((step, span.name))
+        if timing is None:
+            timing = PhaseTiming(step, span.name, span.start_time, span.end_time, 0.0)
+            self._pending[(step, span.name)] = timing
+        timing.add(span_id, span.start_time, span.end_time)
 
     def hold(self, timings: Sequence[PhaseTiming]) -> None:
         """Keep ``timings`` (not written) until the next close or drain, merged with any newer spans."""
@@ -540,9 +557,14 @@ class StepTimings:
                 if held is not timing:
                     held.merge(timing)
 
-    def drain(self) -> list[PhaseTiming]:
-        """Every timing still held, in step order."""
+    def drain(self, fallback_step: int = 0) -> list[PhaseTiming]:
+        """Every timing still held, in step order, with the spans still waiting for their root at
+        ``fallback_step``."""
         with self._lock:
+            for waiting in self._waiting.values():
+                for span in waiting:
+                    self._fold(span, fallback_step)
+            self._waiting.clear()
             return self._take(lambda step: True)
 
     def _take(self, over: Callable[[int], bool]) -> list[PhaseTiming]:

@@ -46,9 +46,9 @@ import orjson
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking import settings
+from otel_tracking.config import settings
+from otel_tracking.config.otel_compat import LogRecordExporter, LogRecordExportResult, ReadableLogRecord
 from otel_tracking.exporters._base import StepMetricExporter, StepRecord, hex_id, span_duration_s
-from otel_tracking.otel_compat import LogRecordExporter, LogRecordExportResult, ReadableLogRecord
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 

@@ -56,7 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_tracking import semconv
+from otel_tracking.config.settings import ConfigError
 from otel_tracking.exporters._base import (
     BridgeContext,
     BridgeParts,
@@ -67,10 +67,10 @@ from otel_tracking.exporters._base import (
     bridge_exporters,
     sample_parts,
 )
-from otel_tracking.redact import scrubbed_logger
-from otel_tracking.semconv import GENERATIONS_EVENT, STEP_SPAN_NAME
-from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
-from otel_tracking.settings import ConfigError
+from otel_tracking.signals import semconv
+from otel_tracking.signals.redact import scrubbed_logger
+from otel_tracking.signals.semconv import GENERATIONS_EVENT, STEP_SPAN_NAME
+from otel_tracking.signals.semconv import STEP as STEP_ATTRIBUTE
 
 logger = scrubbed_logger("otel_tracking.mlflow")
 

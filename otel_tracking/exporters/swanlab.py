@@ -41,8 +41,8 @@ from otel_tracking.exporters._base import (
     bridge_exporters,
     sample_parts,
 )
-from otel_tracking.redact import scrubbed_logger
-from otel_tracking.semconv import GENERATIONS_EVENT
+from otel_tracking.signals.redact import scrubbed_logger
+from otel_tracking.signals.semconv import GENERATIONS_EVENT
 
 logger = scrubbed_logger("otel_tracking.swanlab")
 

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from otel_tracking import settings
+from otel_tracking.config import settings
 from otel_tracking.exporters._base import (
     BridgeContext,
     BridgeParts,
@@ -51,7 +51,7 @@ from otel_tracking.exporters._base import (
     StepRecord,
     bridge_exporters,
 )
-from otel_tracking.semconv import GENERATIONS_EVENT
+from otel_tracking.signals.semconv import GENERATIONS_EVENT
 
 GENERATIONS_KEY = "val/generations"
 # SummaryWriter.add_text(tag, ...) stores the text under "<tag>/text_summary".

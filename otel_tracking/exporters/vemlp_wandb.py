@@ -20,14 +20,14 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+from otel_tracking.config.settings import ConfigError
 from otel_tracking.exporters._base import (
     BridgeContext,
     BridgeParts,
     bridge_exporters,
 )
 from otel_tracking.exporters.wandb import WandbSession, resume_kwargs
-from otel_tracking.semconv import GENERATIONS_EVENT
-from otel_tracking.settings import ConfigError
+from otel_tracking.signals.semconv import GENERATIONS_EVENT
 
 PLATFORM_PACKAGE = "volcengine_ml_platform"
 BACKEND = "vemlp_wandb"

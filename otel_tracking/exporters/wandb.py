@@ -56,7 +56,7 @@ from otel_tracking.exporters._base import (
     bridge_exporters,
     sample_parts,
 )
-from otel_tracking.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT
+from otel_tracking.signals.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT
 
 logger = logging.getLogger("otel_tracking")
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from otel_tracking.verl.guard import cannot_patch, logger, quietly
 
-CARRIER = "_otel_context"  # the same keyword as otel_tracking.ray_tracing's
-TAKES_CARRIER = "otel_tracking.carrier"  # a key in verl's MAGIC_ATTR dict of a method we wrapped
+CARRIER = "_otel_context"  # the same keyword as otel_tracking.distributed.ray_tracing's
+TAKES_CARRIER = "otel_tracking.signals.carrier"  # a key in verl's MAGIC_ATTR dict of a method we wrapped
 _PATCHED = "__otel_tracking_patched__"
 _ROLES = ("critic", "reward", "actor", "ref", "rollout")
 
@@ -102,7 +102,7 @@ def _taking_carrier(method: Any, magic: str) -> Any:
 
 
 def _with_carrier(signature: inspect.Signature) -> inspect.Signature:
-    from otel_tracking.ray_tracing import _with_carrier as with_carrier
+    from otel_tracking.distributed.ray_tracing import _with_carrier as with_carrier
 
     return with_carrier(signature)
 
@@ -110,8 +110,8 @@ def _with_carrier(signature: inspect.Signature) -> inspect.Signature:
 def _attach(carrier: Any, args: tuple[Any, ...]) -> Any:
     from opentelemetry import context
 
-    from otel_tracking.propagation import extract
-    from otel_tracking.worker import default_role
+    from otel_tracking.distributed.propagation import extract
+    from otel_tracking.distributed.worker import default_role
 
     if args:
         default_role(role_of(args[0]))
@@ -121,13 +121,13 @@ def _attach(carrier: Any, args: tuple[Any, ...]) -> Any:
 def _deliver_pending() -> None:
     # Ray ends a worker with _exit a few ms after its driver lets go (worker.py says why): what a
     # call recorded leaves before the call returns.
-    from otel_tracking.worker import deliver_pending
+    from otel_tracking.distributed.worker import deliver_pending
 
     deliver_pending()
 
 
 async def _deliver_pending_async() -> None:
-    from otel_tracking.worker import deliver_pending_async
+    from otel_tracking.distributed.worker import deliver_pending_async
 
     try:
         await deliver_pending_async()
@@ -168,7 +168,7 @@ def _patch_worker_group(base: ModuleType) -> None:
         return
     if getattr(verl_execute, _PATCHED, False):
         return
-    from otel_tracking.propagation import inject
+    from otel_tracking.distributed.propagation import inject
 
     @functools.wraps(verl_execute)
     def _execute_remote_single_worker(self: Any, worker: Any, method_name: str, *args: Any, **kwargs: Any) -> Any:

@@ -146,8 +146,8 @@ def _enter(carrier: Any, version: Any) -> tuple[Any, Any]:
     from opentelemetry import context as otel_context
     from opentelemetry.context import Context
 
-    from otel_tracking.carrier import extract, step_from
-    from otel_tracking.semconv import STEP
+    from otel_tracking.signals.carrier import extract, step_from
+    from otel_tracking.signals.semconv import STEP
 
     ctx = extract(carrier)
     step = step_from(ctx)
@@ -220,6 +220,6 @@ def _takes_carrier(handle: Any, method_name: str) -> bool:
 
 
 def _inject() -> dict[str, str]:
-    from otel_tracking.propagation import inject  # not before a call: `import ray` loads no SDK
+    from otel_tracking.distributed.propagation import inject  # not before a call: `import ray` loads no SDK
 
     return inject()

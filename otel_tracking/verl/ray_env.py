@@ -5,7 +5,7 @@ settings of this process, the run identity (when a run exists already), the swit
 (``OTEL_TRACKING_VERL=1``, so that ``import verl`` in each worker instruments it), and, where
 verl's plugins will not load us (verl < 0.9, or ``VERL_USE_EXTERNAL_PLUGINS`` leaving us out),
 ``worker_process_setup_hook``.  What the caller's ``runtime_env`` says wins; credentials
-(``OTEL_EXPORTER_OTLP_*HEADERS``) stay out, as with ``otel_tracking.ray_tracing.runtime_env``.
+(``OTEL_EXPORTER_OTLP_*HEADERS``) stay out, as with ``otel_tracking.distributed.ray_tracing.runtime_env``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def patch(ray: ModuleType) -> None:
 
 
 def merged_runtime_env(base: Any) -> dict[str, Any]:
-    from otel_tracking.ray_tracing import runtime_env
+    from otel_tracking.distributed.ray_tracing import runtime_env
 
     merged = runtime_env(dict(base) if base else None)
     env_vars = merged["env_vars"]

@@ -1,6 +1,6 @@
 """The variables that switch the verl instrumentation on and shape it.
 
-They are read here rather than in ``otel_tracking.settings`` because this package may import only
+They are read here rather than in ``otel_tracking.config.settings`` because this package may import only
 the standard library until verl's modules load (``settings`` imports the OpenTelemetry SDK), and
 the plugin runs in every process that imports verl, switched on or not.
 """

@@ -48,7 +48,7 @@ def patch(performance: ModuleType) -> None:
 
 
 def _open(name: Any) -> Any:
-    from otel_tracking.spans import trace_state
+    from otel_tracking.api.spans import trace_state
 
     state = trace_state(str(name))
     state.__enter__()

@@ -5,12 +5,12 @@ The three classes are replaced in the module right after it loads, before any tr
 bound them earlier gets ours too.  ``RLInsightLogger`` stays verl's class, called as it always is
 (``RLInsightLogger.trace_state(...)`` through the class object), with three methods patched on it:
 
-* ``trace_state``: our span (``otel_tracking.spans.trace_state``), in every process, whatever
+* ``trace_state``: our span (``otel_tracking.api.spans.trace_state``), in every process, whatever
   ``VERL_RL_INSIGHT_ENABLE`` says; when rl_insight is enabled too, verl's own goes on inside it;
 * ``log``: the values as gauges on the OTLP path of this process's run (the ML trackers get the
   values through ``Tracking``), then verl's;
 * ``register_metrics`` (which ``register_rollout_metrics`` and ``register_transfer_queue_metrics``
-  call): the scrape targets recorded as ours are (``otel_tracking.targets``), then verl's.
+  call): the scrape targets recorded as ours are (``otel_tracking.distributed.targets``), then verl's.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ def patch(module: ModuleType) -> None:
     if getattr(module, _PATCHED, False):
         return
     setattr(module, _PATCHED, True)
-    import otel_tracking.facade
-    import otel_tracking.generations
+    import otel_tracking.api.facade
+    import otel_tracking.api.generations
 
     ours = {
-        "Tracking": otel_tracking.facade.Tracking,
-        "ValidationGenerationsLogger": otel_tracking.generations.ValidationGenerationsLogger,
-        "DapoFilteredRewardTableLogger": otel_tracking.generations.DapoFilteredRewardTableLogger,
+        "Tracking": otel_tracking.api.facade.Tracking,
+        "ValidationGenerationsLogger": otel_tracking.api.generations.ValidationGenerationsLogger,
+        "DapoFilteredRewardTableLogger": otel_tracking.api.generations.DapoFilteredRewardTableLogger,
     }
     missing = []
     for name in FACADE:
@@ -85,9 +85,9 @@ def _verl_enabled(cls: Any) -> bool:
 
 
 def _open_span(state_name: Any, state_lane_id: Any, labels: dict[str, Any]) -> Any:
-    from otel_tracking.spans import trace_state
+    from otel_tracking.api.spans import trace_state
+    from otel_tracking.distributed.worker import default_role
     from otel_tracking.verl.hops import hop_labels
-    from otel_tracking.worker import default_role
 
     if isinstance(state_lane_id, str) and state_lane_id.startswith("replica_"):
         default_role("rollout")  # the vLLM / SGLang servers' lanes
@@ -125,7 +125,7 @@ def _trace_state(verl_trace_state: Any) -> Any:
 
 
 def _gauges(data: Any, step: Any) -> None:
-    from otel_tracking.worker import worker_run
+    from otel_tracking.distributed.worker import worker_run
 
     run = worker_run()
     if run is not None:
@@ -143,7 +143,7 @@ def _log(verl_log: Any) -> Any:
 
 
 def _targets(server_addresses: Any, job_name: Any, labels: Any) -> None:
-    from otel_tracking.targets import register_scrape_targets
+    from otel_tracking.distributed.targets import register_scrape_targets
 
     register_scrape_targets(list(server_addresses), job_name, labels)
 

@@ -161,7 +161,7 @@ def test_switched_off_is_verl_as_it_is(off: dict[str, Any]) -> None:
 
 def test_plugin_switch(cluster: str, tmp_path: Path, receiver: HttpReceiver, off: dict[str, Any]) -> None:
     on = run_loop(cluster, tmp_path, env={"OTEL_TRACKING_VERL": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
-    assert on["tracking"] == "otel_tracking.facade" and on["installed_by"] == "OTEL_TRACKING_VERL=1"
+    assert on["tracking"] == "otel_tracking.api.facade" and on["installed_by"] == "OTEL_TRACKING_VERL=1"
     assert on["stderr"].count(BANNER) == 1 and "(OTEL_TRACKING_VERL=1)" in on["stderr"]
     assert "could not instrument" not in on["stderr"]
     assert_same_training(on, off)
@@ -173,7 +173,7 @@ def test_opentelemetry_instrument(cluster: str, tmp_path: Path, receiver: HttpRe
     assert instrument is not None
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_TRACES_EXPORTER": "otlp"}
     on = run_loop(cluster, tmp_path, env=env, prefix=(instrument,))
-    assert on["tracking"] == "otel_tracking.facade" and on["installed_by"] == "opentelemetry-instrument"
+    assert on["tracking"] == "otel_tracking.api.facade" and on["installed_by"] == "opentelemetry-instrument"
     assert_same_training(on, off)
     assert_span_tree(arrived_spans(receiver), on["run_id"])
 
@@ -195,7 +195,7 @@ def test_ray_worker_setup_hook(cluster: str, tmp_path: Path, receiver: HttpRecei
         env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint},
         args=("--in-actor", "--setup-hook"),
     )
-    assert on["tracking"] == "otel_tracking.facade" and on["installed_by"] == "worker_process_setup_hook"
+    assert on["tracking"] == "otel_tracking.api.facade" and on["installed_by"] == "worker_process_setup_hook"
     assert_same_training(on, off)
     assert_span_tree(arrived_spans(receiver), on["run_id"])
 
@@ -205,7 +205,7 @@ def test_ray_started_before_the_switch_still_trains(cluster: str, tmp_path: Path
     merge came too late), so the driver sends them no keyword they do not know: training runs as
     verl's, and one warning says why the calls carry no context."""
     on = run_loop(cluster, tmp_path, env={"OTEL_TRACKING_VERL": "1"}, args=("--ray-first",))
-    assert on["tracking"] == "otel_tracking.facade"
+    assert on["tracking"] == "otel_tracking.api.facade"
     assert on["results"] == off["results"]
     assert on["stderr"].count("this Ray job's workers are not instrumented") == 1
 

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     from otel_tracking.verl import install
     assert install("test") is True and install("again") is False  # idempotent
 
-    import otel_tracking.spans as spans
+    import otel_tracking.api.spans as spans
     from verl.utils.profiler import performance
     from verl.utils.profiler.performance import marked_timer, simple_timer
     from verl.single_controller.base.decorator import Dispatch, register

@@ -75,7 +75,7 @@ def test_older_verl_tracking_gets_the_facade_swap(version: str, tmp_path: Path) 
     theirs, their_lines, _ = run(version, "off", tmp_path)
     ours, our_lines, stderr = run(version, "on", tmp_path)
     assert theirs == ["verl.utils.tracking", "verl.utils.tracking"]
-    assert ours == ["otel_tracking.facade", "otel_tracking.generations"]
+    assert ours == ["otel_tracking.api.facade", "otel_tracking.api.generations"]
     assert our_lines == their_lines  # the same file sink, line for line
     warnings = [line for line in stderr.splitlines() if "could not instrument" in line]
     assert len(warnings) == 1, stderr
@@ -103,7 +103,7 @@ def test_a_late_switch_rebinds_what_verl_modules_bound_already(tmp_path: Path) -
     command = [sys.executable, "-c", LATE]
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["otel_tracking.facade", "otel_tracking.facade", "verl.utils.tracking"]
+    assert done.stdout.split() == ["otel_tracking.api.facade", "otel_tracking.api.facade", "verl.utils.tracking"]
 
 
 def test_ray_init_gets_the_runtime_env_and_the_setup_hook_where_plugins_do_not_reach(
@@ -168,7 +168,6 @@ def test_rl_insight_log_does_not_move_the_drivers_step(tmp_path: Path) -> None:
     assert [json.loads(line)["step"] for line in sink.read_text().splitlines()] == [1, 2]
     events = [json.loads(line) for line in (tmp_path / "exp.events.jsonl").read_text().splitlines()]
     phases = [e for e in events if e.get("name") == "generate"]
-    # the phase after the insight values: the step in progress is Tracking's 2 (the first phase's
-    # stamp is issue 21's step-0 question, not this test's)
+    # the phase after the insight values: the step in progress is Tracking's 2
     assert phases[1]["attributes"]["ml.step"] == 2, phases
     assert {p["attributes"]["ml.lane"] for p in phases} == {"replica_0"}

@@ -32,7 +32,7 @@ class _Profiled(Worker):
     def flush_telemetry(self) -> None:
         """The loop's last call: Ray kills a job's actors when its driver exits, and a worker's
         spans of the last export interval (100 ms) can go with it.  Switched off there is no run."""
-        from otel_tracking.run import current_run
+        from otel_tracking.runtime.run import current_run
 
         run = current_run()
         if run is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from otel_tracking.demo import DemoPlaces, run_demo
+    from otel_tracking.cli.demo import DemoPlaces, run_demo
 
     backends = [name.strip() for name in args.backends.split(",") if name.strip()]
     places = DemoPlaces(Path(args.out).resolve(), project="otel-tracking-demo", experiment="grpo-simulated")
@@ -41,7 +41,7 @@ def _stack(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from otel_tracking import replay
+    from otel_tracking.delivery import replay
 
     return replay.main(args.paths)
 
@@ -68,7 +68,7 @@ def _backend_list(raw: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from otel_tracking import __version__
+    from otel_tracking.signals.semconv import SCOPE_VERSION
 
     defaults = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="OpenTelemetry-native experiment tracking: a demo run, a local collector/Jaeger/Prometheus "
         "stack, and replay of what a sink could not take.",
     )
-    parser.add_argument("--version", action="version", version=f"otel-tracking {__version__}")
+    parser.add_argument("--version", action="version", version=f"otel-tracking {SCOPE_VERSION}")
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error (also OTEL_TRACKING_DEBUG=1)"
     )
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _expected(error: Exception) -> bool:
     """Errors whose message is the whole story (configuration, a missing package, the stack)."""
-    from otel_tracking.settings import ConfigError
+    from otel_tracking.config.settings import ConfigError
 
     return isinstance(error, (ConfigError, FileNotFoundError)) or type(error).__name__ == "StackError"
 

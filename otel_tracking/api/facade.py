@@ -23,9 +23,11 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from otel_tracking.bridge_process import start_bridges
-from otel_tracking.pipeline import Sink
-from otel_tracking.registry import (
+from otel_tracking.api.rl_insight import RLInsightLogger
+from otel_tracking.bridges.process import start_bridges
+from otel_tracking.config.settings import Settings, build_settings
+from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.delivery.registry import (
     SUPPORTED_BACKENDS,
     WRITTEN_AT_ONCE,
     build_checked_sink,
@@ -35,9 +37,8 @@ from otel_tracking.registry import (
     check_env_sinks,
     is_bridge,
 )
-from otel_tracking.rl_insight import RLInsightLogger
-from otel_tracking.run import Run, check_spool_dir, exit_code_for
-from otel_tracking.settings import Settings, build_settings
+from otel_tracking.delivery.spool_files import check_spool_dir
+from otel_tracking.runtime.run import Run, exit_code_for
 
 logger = logging.getLogger("otel_tracking")
 

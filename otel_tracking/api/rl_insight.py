@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from otel_tracking import settings as settings_module
-from otel_tracking.spans import trace_state as _trace_state
+from otel_tracking.api.spans import trace_state as _trace_state
+from otel_tracking.config import settings as settings_module
 
 logger = logging.getLogger("otel_tracking")
 
@@ -45,9 +45,9 @@ class RLInsightLogger:
     def init(cls, project_name: str | None = None, experiment_name: str | None = None, config: Any = None) -> None:
         if not cls.enabled() or cls._init_done:
             return
-        from otel_tracking.registry import build_otlp_sinks
-        from otel_tracking.run import Run
-        from otel_tracking.worker import worker_settings
+        from otel_tracking.delivery.registry import build_otlp_sinks
+        from otel_tracking.distributed.worker import worker_settings
+        from otel_tracking.runtime.run import Run
 
         # In a worker the identity comes from the caller's baggage or the environment, as for spans.
         s = worker_settings(project=project_name, experiment=experiment_name, force_otlp=True)
@@ -138,7 +138,7 @@ class RLInsightLogger:
         if metric_key in cls._registered_metrics:
             return
         try:
-            from otel_tracking.targets import register_scrape_targets
+            from otel_tracking.distributed.targets import register_scrape_targets
 
             cls.registered_targets.extend(register_scrape_targets(server_addresses, job_name, labels))
             cls._registered_metrics.add(metric_key)

@@ -22,11 +22,11 @@ from urllib.parse import quote
 
 from opentelemetry.util.re import parse_env_headers
 
-from otel_tracking import semconv
-from otel_tracking.carrier import extract_env, identity_from
-from otel_tracking.delivery import Policy
-from otel_tracking.redact import redact_header_values, scrub_text
-from otel_tracking.resume import NEVER, Resumed, is_run_id, looks_like_a_mode, parse_mode
+from otel_tracking.config.policy import Policy
+from otel_tracking.config.resume import NEVER, Resumed, is_run_id, looks_like_a_mode, parse_mode
+from otel_tracking.signals import semconv
+from otel_tracking.signals.carrier import extract_env, identity_from
+from otel_tracking.signals.redact import redact_header_values, scrub_text
 
 # The OTel exporter names we understand in OTEL_*_EXPORTER besides our own backends.
 OTLP_NAMES = ("otlp", "otlp_proto_http", "otlp_proto_grpc")
@@ -125,7 +125,7 @@ class Settings:
     start_timeout_s: float = 5.0  # how long Tracking() waits for the bridge process to open the trackers
     bridge_process: bool = True  # the ML bridges run in a child process (bridge_process.py)
     spool_dir: Path = Path("spool")
-    spool_writable: bool | None = None  # None: not checked yet (run.check_spool_dir)
+    spool_writable: bool | None = None  # None: not checked yet (spool_files.check_spool_dir)
     file_path: Path | None = None
     tensorboard_dir: Path | None = None
     role: str | None = None  # ml.role: what this process does in the job (driver, actor, rollout, ...)
@@ -278,7 +278,7 @@ def _find_resumed(
     project: str, experiment: str, mode: str, run_id: str | None, rank: int | None, env: Mapping[str, str]
 ) -> Resumed | None:
     """The previous attempt's record: for ``auto`` with OTEL_TRACKING_RUN_ID set, that run's."""
-    from otel_tracking import resume
+    from otel_tracking.config import resume
 
     if mode == NEVER:
         return None

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_tracking.api.facade import Tracking
+from otel_tracking.api.generations import ValidationGenerationsLogger
+from otel_tracking.api.spans import trace_state
 from otel_tracking.exporters.mlflow import mlflow_training_view
-from otel_tracking.facade import Tracking
-from otel_tracking.generations import ValidationGenerationsLogger
-from otel_tracking.spans import trace_state
 
 DEFAULT_BACKENDS = ("console", "file", "tensorboard")
 PROMPTS = ["What is 17 * 23?", "Is 91 prime?", "Sum of 1..100?", "Capital of Australia?"]

@@ -4,7 +4,7 @@ A :class:`Sink` is one backend (file, console, wandb, OTLP, ...): up to three sm
 exporters that share a backend session.  This layer hands them data and keeps one backend's
 failure or slowness from reaching the training loop or the other backends.  Every export is
 guarded and counted; a sink whose data must be on disk when ``log()`` returns (file, console) is
-called inline, every other sink gets a :class:`~otel_tracking.delivery.Worker` (bounded queue,
+called inline, every other sink gets a :class:`~otel_tracking.delivery.engine.Worker` (bounded queue,
 retry with backoff, spool).  Of the threads that export, the workers live in ``delivery.py`` and
 the periodic OTLP gauge export here (:class:`PeriodicExport`); the bridge process's link and
 child and run.py's SIGTERM watcher have their own (the README's "Never block, never lose" lists
@@ -27,11 +27,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking import semconv
-from otel_tracking.delivery import Policy, Spool, Worker, item_count
-from otel_tracking.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
-from otel_tracking.redact import scrub_text
-from otel_tracking.steps import StepBatch, materialize
+from otel_tracking.config.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
+from otel_tracking.config.policy import Policy
+from otel_tracking.delivery.engine import Spool, Worker, item_count
+from otel_tracking.signals import semconv
+from otel_tracking.signals.redact import scrub_text
+from otel_tracking.signals.steps import StepBatch, materialize
 
 if TYPE_CHECKING:
     from otel_tracking.exporters._base import BridgeParts

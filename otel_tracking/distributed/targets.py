@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from otel_tracking import settings
+from otel_tracking.config import settings
 
 
 def scrape_targets(

@@ -12,16 +12,14 @@ import contextlib
 import importlib
 import importlib.util
 import logging
-import math
 import os
 import sys
-import threading
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from otel_tracking.pipeline import Sink
-from otel_tracking.redact import redact_config, scrub_text
-from otel_tracking.settings import ConfigError, Settings, describe_otlp
+from otel_tracking.config.settings import ConfigError, Settings, describe_otlp
+from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.signals.redact import redact_config, scrub_text
 
 if TYPE_CHECKING:
     from otel_tracking.exporters._base import BridgeParts
@@ -306,7 +304,7 @@ def build_otlp_sinks(settings: Settings, remembered: Mapping[str, str] | None = 
     otlp = settings.otlp
     if not otlp.any:
         return {}
-    from otel_tracking.otel_compat import otlp_log_exporter_class
+    from otel_tracking.config.otel_compat import one_try_per_export, otlp_log_exporter_class
 
     OTLPLogExporter = otlp_log_exporter_class(otlp.protocol)
     if otlp.protocol == "grpc":
@@ -350,37 +348,6 @@ def build_otlp_sinks(settings: Settings, remembered: Mapping[str, str] | None = 
 
 
 _SINK_ARGUMENT = {"metrics": "metrics", "traces": "spans", "logs": "logs"}
-
-
-_T = TypeVar("_T")
-
-
-def one_try_per_export(exporter: _T) -> _T:
-    """Turn off the SDK exporter's own retry loop: our delivery worker already retries (with
-    OTEL_TRACKING_MAX_ATTEMPTS and its backoff, then spools), and the SDK's loop inside each of our
-    attempts (up to 6 tries with 1, 2, 4 ... s pauses within OTEL_EXPORTER_OTLP_TIMEOUT) made a
-    run's finish() against a dead endpoint take ~30 s and print a dozen "Transient error" lines.
-    Each export is now one request (plus the SDK's immediate reconnect of a stale pooled
-    connection), bounded by OTEL_EXPORTER_OTLP_TIMEOUT.
-
-    The SDK has no public setting for this; these are the per-instance hooks it has (checked by
-    tests/test_otlp.py on the newest SDK and on the oldest we support, which fails if a release
-    moves them).  An exporter without them keeps its own loop: slower to give up, nothing lost."""
-    client = getattr(exporter, "_client", None)
-    if callable(getattr(client, "_compute_backoff", None)):  # OTLP/HTTP, SDK 1.45+: a pause past any deadline
-        client._compute_backoff = lambda retry: math.inf  # type: ignore[union-attr]
-        return exporter
-    if isinstance(getattr(exporter, "_retryable_error_codes", None), frozenset):  # OTLP/gRPC, 1.45+
-        exporter._retryable_error_codes = frozenset()  # type: ignore[attr-defined]
-        return exporter
-    # Older SDKs: the pause before a retry waits on this event, which ends the loop when set (it
-    # logs "aborting retry" once an attempt).  The exporter's own shutdown flag is another one.
-    for name in ("_shutdown_in_progress", "_shutdown_is_occuring"):
-        event = getattr(exporter, name, None)
-        if isinstance(event, threading.Event):
-            event.set()
-            break
-    return exporter
 
 
 def _certificate_session() -> Any:

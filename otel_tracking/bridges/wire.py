@@ -37,9 +37,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from otel_tracking.codec import decode_logs, decode_spans, encode_logs, encode_spans
-from otel_tracking.steps import StepBatch
-from otel_tracking.values import decode_others, encode_others
+from otel_tracking.delivery.codec import decode_logs, decode_spans, encode_logs, encode_spans
+from otel_tracking.signals.steps import StepBatch
+from otel_tracking.signals.values import decode_others, encode_others
 
 # Beyond the finish deadline: for the child to close its backends and answer, and for the
 # training process to wait for that answer before it stops the child.

@@ -13,7 +13,7 @@ child process it costs nothing but handing the step over.
 The training process sends each log() call once (to all the bridges it is for), spans and log
 records as the spool encodes them; the child hands them to ordinary :class:`Sink` objects, so
 retry, degraded state and spool work exactly as in one process.  On this side the link is an
-exporter behind the same :class:`~otel_tracking.delivery.Worker` every sink has (its bounded
+exporter behind the same :class:`~otel_tracking.delivery.engine.Worker` every sink has (its bounded
 queue, flush, stop while it makes progress, ledger, set-aside); its export writes a message to
 the pipe (without blocking beyond a deadline, ``wire.write_frame``) and leaves it in the
 acknowledgement window, and completes asynchronously: a second pipe carries the child's answers
@@ -61,12 +61,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from otel_tracking.delivery import Ledger, Policy, Spool, Worker, item_count, set_aside
-from otel_tracking.pipeline import Sink
-from otel_tracking.redact import redact_config, scrub_text
-from otel_tracking.registry import bridge_inputs
-from otel_tracking.settings import ConfigError, Settings
-from otel_tracking.wire import (
+from otel_tracking.bridges.wire import (
     GRACE_S,
     OPENING,
     Acks,
@@ -82,6 +77,11 @@ from otel_tracking.wire import (
     encode_item,
     write_frame,
 )
+from otel_tracking.config.settings import ConfigError, Settings
+from otel_tracking.delivery.engine import Ledger, Policy, Spool, Worker, item_count, set_aside
+from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.delivery.registry import bridge_inputs
+from otel_tracking.signals.redact import redact_config, scrub_text
 
 logger = logging.getLogger("otel_tracking")
 
@@ -144,7 +144,7 @@ class BridgeProcess:
             [
                 sys.executable,
                 "-m",
-                "otel_tracking.bridge_child",
+                "otel_tracking.bridges.child",
                 str(to_child_r),
                 str(from_child_w),
                 str(os.getpid()),  # the child's watchdog compares its parent with this
@@ -384,7 +384,7 @@ class BridgeProcess:
 
     def _send(self, message: Any, timeout_s: float | None = None) -> None:
         """One message on the pipe.  With ``timeout_s``, a child that does not read makes this raise
-        :class:`~otel_tracking.wire.Stuck` within it (whether another writer holds the pipe or the
+        :class:`~otel_tracking.bridges.wire.Stuck` within it (whether another writer holds the pipe or the
         pipe is full); without, it waits until the pipe closes.  A message cut short by the deadline
         leaves a stream the child cannot read: the child is stopped (its window is spooled)."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)

@@ -31,12 +31,11 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_tracking import __version__
-from otel_tracking.semconv import STEP_METRIC
-from otel_tracking.semconv import STEP_OTHERS as OTHERS_ATTRIBUTE
-from otel_tracking.values import InstrumentNames, decode_others, encode_others
+from otel_tracking.signals.semconv import SCOPE_NAME, SCOPE_VERSION, STEP_METRIC
+from otel_tracking.signals.semconv import STEP_OTHERS as OTHERS_ATTRIBUTE
+from otel_tracking.signals.values import InstrumentNames, decode_others, encode_others
 
-SCOPE = InstrumentationScope("otel_tracking", __version__)
+SCOPE = InstrumentationScope(SCOPE_NAME, SCOPE_VERSION)
 _NO_ATTRIBUTES: Mapping[str, Any] = {}
 
 

@@ -13,11 +13,16 @@ Supported: ``opentelemetry-sdk`` (and api, exporter-otlp) from 1.39 up to, not i
   ``opentelemetry.sdk.metrics._Gauge`` (listed in its ``__all__``) while the API's gauge is
   experimental; ``sdk_gauge_class`` also takes a public ``Gauge`` when a release exports one, and
   the ``_internal`` module only as the last resort.
+- The OTLP exporters' own retry loop (``one_try_per_export``) and the providers' reading of
+  ``OTEL_SDK_DISABLED`` (``enabled_despite_sdk_disabled``): per-instance attributes the SDK has no
+  public setting for.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import threading
+from typing import Any, TypeVar
 
 try:
     from opentelemetry._logs import LogRecord, SeverityNumber
@@ -44,6 +49,8 @@ __all__ = [
     "ReadWriteLogRecord",
     "ReadableLogRecord",
     "SeverityNumber",
+    "enabled_despite_sdk_disabled",
+    "one_try_per_export",
     "otlp_log_exporter_class",
     "sdk_gauge_class",
 ]
@@ -70,3 +77,42 @@ def otlp_log_exporter_class(protocol: str) -> Any:
     else:
         from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter  # type: ignore[assignment]
     return OTLPLogExporter
+
+
+_T = TypeVar("_T")
+
+
+def one_try_per_export(exporter: _T) -> _T:
+    """Turn off the SDK exporter's own retry loop: our delivery worker already retries (with
+    OTEL_TRACKING_MAX_ATTEMPTS and its backoff, then spools), and the SDK's loop inside each of our
+    attempts (up to 6 tries with 1, 2, 4 ... s pauses within OTEL_EXPORTER_OTLP_TIMEOUT) made a
+    run's finish() against a dead endpoint take ~30 s and print a dozen "Transient error" lines.
+    Each export is now one request (plus the SDK's immediate reconnect of a stale pooled
+    connection), bounded by OTEL_EXPORTER_OTLP_TIMEOUT.
+
+    The SDK has no public setting for this; these are the per-instance hooks it has (checked by
+    tests/test_otlp.py on the newest SDK and on the oldest we support, which fails if a release
+    moves them).  An exporter without them keeps its own loop: slower to give up, nothing lost."""
+    client = getattr(exporter, "_client", None)
+    if callable(getattr(client, "_compute_backoff", None)):  # OTLP/HTTP, SDK 1.45+: a pause past any deadline
+        client._compute_backoff = lambda retry: math.inf  # type: ignore[union-attr]
+        return exporter
+    if isinstance(getattr(exporter, "_retryable_error_codes", None), frozenset):  # OTLP/gRPC, 1.45+
+        exporter._retryable_error_codes = frozenset()  # type: ignore[attr-defined]
+        return exporter
+    # Older SDKs: the pause before a retry waits on this event, which ends the loop when set (it
+    # logs "aborting retry" once an attempt).  The exporter's own shutdown flag is another one.
+    for name in ("_shutdown_in_progress", "_shutdown_is_occuring"):
+        event = getattr(exporter, name, None)
+        if isinstance(event, threading.Event):
+            event.set()
+            break
+    return exporter
+
+
+def enabled_despite_sdk_disabled(provider: _T) -> _T:
+    """A TracerProvider or LoggerProvider that hands out recording tracers and loggers even under
+    ``OTEL_SDK_DISABLED`` (which the SDK's constructors read into ``_disabled``)."""
+    if getattr(provider, "_disabled", False):
+        provider._disabled = False  # type: ignore[attr-defined]
+    return provider

@@ -24,11 +24,11 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from otel_tracking.semconv import EVENT_BACKENDS as BACKENDS_ATTRIBUTE
-from otel_tracking.semconv import EVENT_KEY as KEY_ATTRIBUTE
-from otel_tracking.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT
-from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
-from otel_tracking.values import to_number, to_step
+from otel_tracking.signals.semconv import EVENT_BACKENDS as BACKENDS_ATTRIBUTE
+from otel_tracking.signals.semconv import EVENT_KEY as KEY_ATTRIBUTE
+from otel_tracking.signals.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT
+from otel_tracking.signals.semconv import STEP as STEP_ATTRIBUTE
+from otel_tracking.signals.values import to_number, to_step
 
 
 def _plain(value: Any) -> Any:
@@ -43,7 +43,7 @@ def _backends(loggers: Iterable[str] | str) -> list[str]:
 
 
 def _emit(event: str, key: str, loggers: Iterable[str] | str, step: Any, body: dict[str, Any]) -> bool:
-    from otel_tracking.run import current_run
+    from otel_tracking.runtime.run import current_run
 
     run = current_run()
     if run is None:

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from otel_tracking.delivery import Damaged, Spool, read_spool, unframe
-from otel_tracking.pipeline import Sink
-from otel_tracking.settings import build_settings, spool_root
+from otel_tracking.config.settings import build_settings, spool_root
+from otel_tracking.delivery.engine import Damaged, Spool, read_spool, unframe
+from otel_tracking.delivery.pipeline import Sink
 
 _OTLP = {"otlp-metrics": "metrics", "otlp-traces": "traces", "otlp-logs": "logs"}
 
@@ -50,7 +50,7 @@ def _logged_order(path: Path) -> tuple[str, str, int, str]:
 
 
 def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Sink:
-    from otel_tracking.registry import build_otlp_sinks, build_sink, with_destination
+    from otel_tracking.delivery.registry import build_otlp_sinks, build_sink, with_destination
 
     e = with_destination(os.environ if env is None else env, header.get("destination") or {})
     name = str(header["sink"])

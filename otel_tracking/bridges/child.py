@@ -1,4 +1,4 @@
-"""The bridge process itself: ``python -m otel_tracking.bridge_child <inbox fd> <outbox fd> <parent pid>``.
+"""The bridge process itself: ``python -m otel_tracking.bridges.child <inbox fd> <outbox fd> <parent pid>``.
 
 It opens each tracker's bridge on a thread of its own (a slow or hung open delays no other) and
 reports each outcome; it hands every item it gets to ordinary :class:`Sink` objects (queue,
@@ -21,9 +21,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from otel_tracking.pipeline import Sink, finish_sinks, flush_sinks
-from otel_tracking.settings import Settings
-from otel_tracking.wire import (
+from otel_tracking.bridges.wire import (
     GRACE_S,
     Acks,
     BridgeInfo,
@@ -37,6 +35,8 @@ from otel_tracking.wire import (
     Opened,
     decode_item,
 )
+from otel_tracking.config.settings import Settings
+from otel_tracking.delivery.pipeline import Sink, finish_sinks, flush_sinks
 
 _ACK_INTERVAL_S = 0.05
 _TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not
@@ -52,7 +52,8 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     """The bridge process: open the bridges (each on its own thread), feed them until told to
     finish (or the training process is gone), acknowledging every item once each sink is done
     with it, then finish them and report the counts."""
-    from otel_tracking.run import build_resource, sink_spool
+    from otel_tracking.config.resource import build_resource
+    from otel_tracking.delivery.spool_files import sink_spool
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -98,7 +99,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
 def _open_bridge(sink: Sink, settings: Settings, config: Any, inputs: dict[str, str], replies: _Outbox) -> None:
     """Open one tracker (a slow or hung one delays no other) and tell the training process how
     it went; its held items are then delivered in order, or spooled if it failed."""
-    from otel_tracking.registry import import_sdk, open_checked_bridge
+    from otel_tracking.delivery.registry import import_sdk, open_checked_bridge
 
     try:
         with _IMPORTING:

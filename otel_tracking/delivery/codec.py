@@ -29,8 +29,8 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from otel_tracking.otel_compat import LogRecord, ReadableLogRecord, SeverityNumber
-from otel_tracking.steps import SCOPE, StepBatch, materialize, wrap
+from otel_tracking.config.otel_compat import LogRecord, ReadableLogRecord, SeverityNumber
+from otel_tracking.signals.steps import SCOPE, StepBatch, materialize, wrap
 
 # --- shared pieces -----------------------------------------------------------------------------
 

@@ -19,19 +19,20 @@ process's worker run, as in any process without a ``Tracking`` (a process cannot
 ``finish()``, with no run open, is not recorded (one warning), until a new ``Tracking`` starts.
 
 Where a span hangs when no span is current: on the driver, under the step's root span (one trace
-per step, ``ml.step``); in a worker, under the trace it was handed (``propagation.attach``, the Ray
-helpers, or ``TRACEPARENT`` in its environment).  The span's ``ml.step`` attribute is the step in
-progress: one more than the run's last logged step on the driver (phases run before the ``log()``
-that closes their step), the step the caller's baggage names in a worker, or the ``step=`` label
-when one is given.  ``weight_version=`` becomes ``ml.weight_version``; ``links=`` (carriers,
-contexts or spans) become span links.  An exception inside the block marks the span as an error
-and propagates.
+per step, ``ml.step``: ``runtime/step_roots.py``); in a worker, under the trace it was handed
+(``propagation.attach``, the Ray helpers, or ``TRACEPARENT`` in its environment).  The span's
+``ml.step`` attribute is the step in progress: one more than the run's last logged step on the
+driver (phases run before the ``log()`` that closes their step; none before the first ``log()``),
+the step the caller's baggage names in a worker, or the ``step=`` label when one is given.
+``weight_version=`` becomes ``ml.weight_version``; ``links=`` (carriers, contexts or spans) become
+span links.  An exception inside the block marks the span as an error and propagates.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -40,13 +41,14 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
-from otel_tracking.carrier import extract, has_span, with_identity
-from otel_tracking.redact import REDACTED, is_secret_key, redact, scrub_text
-from otel_tracking.semconv import LABEL_PREFIX
-from otel_tracking.semconv import LANE as LANE_ATTRIBUTE
-from otel_tracking.semconv import STEP as STEP_ATTRIBUTE
-from otel_tracking.semconv import WEIGHT_VERSION as WEIGHT_VERSION_ATTRIBUTE
-from otel_tracking.values import to_step
+from otel_tracking.runtime.step_roots import StepRoot
+from otel_tracking.signals.carrier import extract, has_span, with_identity
+from otel_tracking.signals.redact import REDACTED, is_secret_key, redact, scrub_text
+from otel_tracking.signals.semconv import LABEL_PREFIX
+from otel_tracking.signals.semconv import LANE as LANE_ATTRIBUTE
+from otel_tracking.signals.semconv import STEP as STEP_ATTRIBUTE
+from otel_tracking.signals.semconv import WEIGHT_VERSION as WEIGHT_VERSION_ATTRIBUTE
+from otel_tracking.signals.values import to_step
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -88,44 +90,47 @@ class trace_state:
             self.attributes[STEP_ATTRIBUTE] = to_step(step)
         if weight_version is not None:
             self.attributes[WEIGHT_VERSION_ATTRIBUTE] = _attribute_value(weight_version)
-        self._open: list[tuple[Span, object, Any]] = []
+        self._open: list[tuple[Span, object, Any, StepRoot | None]] = []
 
     def _start(self) -> Span:
-        from otel_tracking.run import current_run, refuse_span_after_finish
-        from otel_tracking.worker import worker_run
+        from otel_tracking.distributed.worker import worker_run
+        from otel_tracking.runtime.run import current_run, refuse_span_after_finish
 
         ctx = otel_context.get_current()
         run = current_run()
         if run is None and refuse_span_after_finish(self.state_name):  # no run, and no stray worker run
             span: Span = trace.INVALID_SPAN
-            self._open.append((span, otel_context.attach(trace.set_span_in_context(span, ctx)), None))
+            self._open.append((span, otel_context.attach(trace.set_span_in_context(span, ctx)), None, None))
             return span
         if run is None:
             run = worker_run(ctx)  # this process's worker run (built on first use)
         attributes = self.attributes
+        root = None
         if run is None:  # the application's own global TracerProvider (or the SDK is disabled)
             span = trace.get_tracer("otel_tracking").start_span(
                 self.state_name, context=ctx, attributes=attributes, links=self.links
             )
         else:
             if not has_span(ctx):
-                ctx = run.parent_context(ctx)  # the driver's step span, or the trace a worker was handed
+                # the driver's step root, or the trace a worker was handed
+                ctx = run.parent_context(ctx, attributes.get(STEP_ATTRIBUTE))
             if STEP_ATTRIBUTE not in attributes:
                 step = run.step_in_progress(ctx)
                 if step is not None:
                     attributes = {**attributes, STEP_ATTRIBUTE: step}
             span = run.tracer.start_span(self.state_name, context=ctx, attributes=attributes, links=self.links)
             run.open_spans.add(span)  # finish() ends what is still open, rather than losing it
+            root = run.step_roots.child_started(span) if run.driver else None
             # The run's identity travels in the baggage: propagate.inject() inside this span carries it.
             ctx = with_identity(run.identity, attributes.get(STEP_ATTRIBUTE), ctx)
         token = otel_context.attach(trace.set_span_in_context(span, ctx))
         # One trace_state object may be entered again while open (recursion, decorator reuse):
         # keep a stack of what it opened.
-        self._open.append((span, token, run))
+        self._open.append((span, token, run, root))
         return span
 
     def _end(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        span, token, run = self._open.pop()
+        span, token, run, root = self._open.pop()
         try:
             if run is not None:
                 run.open_spans.discard(span)
@@ -138,6 +143,8 @@ class trace_state:
                 span.end()
         finally:
             otel_context.detach(token)  # type: ignore[arg-type]
+            if root is not None:  # the step's root ends after its last span (runtime/step_roots.py)
+                run.step_roots.child_ended(root, time.time_ns())
 
     def __enter__(self) -> Span:
         return self._start()

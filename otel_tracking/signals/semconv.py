@@ -36,3 +36,8 @@ GENERATIONS_EVENT = "ml.validation.generations"
 REWARD_TABLE_EVENT = "ml.table.filtered_reward_counts"
 EVENT_KEY = "ml.key"
 EVENT_BACKENDS = "ml.backends"
+
+# Who writes: the instrumentation scope of every span, log record and metric otel-tracking makes
+# (``otel_tracking.__version__`` is this version; pyproject.toml says it too).
+SCOPE_NAME = "otel_tracking"
+SCOPE_VERSION = "0.1.0"

@@ -37,27 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from otel_tracking.codec import DECODERS, ENCODERS
+from otel_tracking.config.policy import Policy
+from otel_tracking.delivery.codec import DECODERS, ENCODERS
 
 logger = logging.getLogger("otel_tracking")
 
 _MERGEABLE = ("spans", "logs")  # consecutive items of these kinds go out in one export call
 _MAX_MERGE = 512
-
-
-@dataclass(frozen=True)
-class Policy:
-    queue_size: int = 2_000  # per sink; a 200-metric step is ~100 KB in memory: ~200 MB at most
-    max_attempts: int = 4
-    backoff_s: float = 0.1
-    backoff_max_s: float = 2.0
-    probe_interval_s: float = 5.0
-    # Spans and log records: at most one export per interval (0: each leaves as soon as it is
-    # queued).  One that comes after a quiet interval still leaves at once; a busy sink's items
-    # wait at most this long and leave together, one request instead of one each (an OTLP/HTTP
-    # request costs ~1 ms of CPU whatever its size).  A flush, the stop or a full export's worth
-    # of items ends the wait.
-    export_interval_s: float = 0.0
 
 
 class Spool:

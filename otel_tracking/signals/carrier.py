@@ -1,6 +1,6 @@
 """The W3C carrier of a run's context, without the run: the identity and the step as baggage,
 the environment carrier (``TRACEPARENT``/``BAGGAGE``) and reading a carrier back.  Below the
-run and the settings (both use it); :mod:`otel_tracking.propagation` builds the public helpers
+run and the settings (both use it); :mod:`otel_tracking.distributed.propagation` builds the public helpers
 that need the current run on top of it."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 
-from otel_tracking.semconv import IDENTITY_KEYS, STEP
+from otel_tracking.signals.semconv import IDENTITY_KEYS, STEP
 
 # The OTel specification's environment-variable carrier: upper-case names of the W3C fields.
 ENV_FIELDS = {"traceparent": "TRACEPARENT", "tracestate": "TRACESTATE", "baggage": "BAGGAGE"}

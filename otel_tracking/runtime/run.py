@@ -29,18 +29,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer
 
-from otel_tracking import __version__, semconv
-from otel_tracking.carrier import extract_env, has_span, step_from, with_identity
-from otel_tracking.delivery import Spool
-from otel_tracking.ids import ID_GENERATOR
-from otel_tracking.otel_compat import LoggerProvider
-from otel_tracking.pipeline import (
+from otel_tracking.config.otel_compat import LoggerProvider, enabled_despite_sdk_disabled
+from otel_tracking.config.resource import build_resource
+from otel_tracking.config.resume import RunRecord, record_name
+from otel_tracking.config.settings import Settings
+from otel_tracking.delivery.pipeline import (
     PeriodicExport,
     Sink,
     SinkLogProcessor,
@@ -49,12 +46,15 @@ from otel_tracking.pipeline import (
     finish_sinks,
     flush_sinks,
 )
-from otel_tracking.redact import is_secret_key, redact, redact_attributes, scrub_strings
-from otel_tracking.resume import RunRecord, record_name
-from otel_tracking.semconv import ENDED_BY, STEP_SPAN_NAME
-from otel_tracking.settings import Settings, path_part
-from otel_tracking.steps import LatestValues, StepBatch
-from otel_tracking.values import checked_others, split_values, step_as_logged, to_step
+from otel_tracking.delivery.spool_files import sink_spool
+from otel_tracking.runtime.step_roots import StepRoots
+from otel_tracking.signals import semconv
+from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
+from otel_tracking.signals.ids import ID_GENERATOR
+from otel_tracking.signals.redact import redact, redact_attributes, scrub_strings
+from otel_tracking.signals.semconv import ENDED_BY
+from otel_tracking.signals.steps import LatestValues, StepBatch
+from otel_tracking.signals.values import checked_others, split_values, step_as_logged, to_step
 
 logger = logging.getLogger("otel_tracking")
 
@@ -121,83 +121,6 @@ def inherited_identity() -> dict[str, str]:
     return {}
 
 
-def build_resource(settings: Settings) -> Resource:
-    """The run's identity, on top of what any OTel app's resource has: ``Resource.create`` gives
-    ``telemetry.sdk.*`` and runs the standard detectors (``OTEL_RESOURCE_ATTRIBUTES`` among them);
-    our identity attributes win, and keys that look secret are dropped."""
-    attributes: dict[str, Any] = dict(settings.resource_attributes)
-    attributes.update(
-        {
-            "service.name": settings.service_name,
-            "service.instance.id": settings.run_id,
-            semconv.PROJECT: settings.project,
-            semconv.EXPERIMENT: settings.experiment,
-            semconv.RUN_ID: settings.run_id,
-            semconv.RUN_ATTEMPT: settings.attempt,
-            "host.name": settings.host,
-            "process.pid": os.getpid(),
-        }
-    )
-    if settings.rank is not None:
-        attributes[semconv.RANK] = settings.rank
-    if settings.role:
-        attributes[semconv.ROLE] = settings.role
-    created = Resource.create(attributes)
-    kept = {k: redact(v) for k, v in created.attributes.items() if not is_secret_key(k)}
-    return Resource(kept, created.schema_url)
-
-
-def check_spool_dir(settings: Settings) -> Settings:
-    """The settings with ``spool_writable`` said: the spool directory is made and a file written
-    and removed there.  When that fails, one warning says what it costs (nothing can be spooled:
-    what a backend cannot take is dropped, and counted; no reattach record).  ``Tracking()`` does
-    this; a worker run (whose directory would be one per process) finds out when it first spools."""
-    if settings.spool_writable is not None:
-        return settings
-    directory = settings.spool_dir
-    try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        probe = directory / f".probe.{os.getpid()}.{threading.get_ident()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        logger.warning(
-            "otel-tracking: the spool directory %s cannot be written (%s; OTEL_TRACKING_SPOOL_DIR chooses it): "
-            "what a backend cannot take in time is dropped instead of kept for `otel-tracking replay` (the "
-            "summary at finish() counts it), and a restarted job cannot resume this run",
-            directory,
-            error.strerror or type(error).__name__,
-        )
-        return dataclasses.replace(settings, spool_writable=False)
-    return dataclasses.replace(settings, spool_writable=True)
-
-
-def sink_spool(sink: Sink, settings: Settings, pid: int) -> Spool | None:
-    """Where a queued sink keeps what it cannot deliver; the header tells replay how to rebuild it."""
-    if sink.inline or settings.spool_writable is False:
-        return None
-    from otel_tracking.registry import destination
-
-    header = {
-        "sink": sink.name,
-        "project": settings.project,
-        "experiment": settings.experiment,
-        "run_id": settings.run_id,
-        "resume": sink.resume,
-        "pid": pid,
-        "attempt": settings.attempt,
-        # Where the tracker was configured to write, known before it opens (or if it never does).
-        "destination": destination(sink.name, settings),
-    }
-    # Ranks of one job share a run id, and each has its own tracker runs: a file (and a header) each.
-    name = path_part(sink.name if settings.rank is None else f"{sink.name}.rank{settings.rank}")
-    # A resumed run has the run id, so the spool directory, of the attempt before it, whose spool
-    # may wait there for replay: each attempt writes files of its own.
-    if settings.attempt > 1:
-        name = f"{name}.attempt{settings.attempt}"
-    return Spool(settings.spool_dir / f"{name}.jsonl", header)
-
-
 def start_record(settings: Settings, sinks: Sequence[Sink]) -> RunRecord:
     """The reattach record of this attempt (``resume.py``), written now and whenever a tracker
     opens: a job killed at any point after ``Tracking()`` leaves one that a restart can use."""
@@ -251,9 +174,6 @@ class Run:
         self.finished = False
         self.last_step: int | None = None
         self._finish_lock = threading.Lock()
-        self._step_lock = threading.Lock()
-        self._step_span: Span | None = None
-        self._step_started_ns = time.time_ns()  # a step's span starts where the previous step ended
         self._env_context = None if driver else extract_env(settings.env)
         self.open_spans: set[Span] = set()  # trace_state spans not ended yet (set.add/discard: atomic)
         # A worker's parent_context() depends on nothing but the context it is given (contexts are
@@ -282,10 +202,10 @@ class Run:
         # backends named in default_backend still get spans and events, so these providers must
         # not hand out no-op tracers and loggers as the SDK's would under that variable.
         for provider in (self.tracer_provider, self.logger_provider):
-            if getattr(provider, "_disabled", False):
-                provider._disabled = False  # type: ignore[union-attr]
-        self.tracer: Tracer = self.tracer_provider.get_tracer("otel_tracking", __version__)
-        self.event_logger = self.logger_provider.get_logger("otel_tracking", __version__)
+            enabled_despite_sdk_disabled(provider)
+        self.tracer: Tracer = self.tracer_provider.get_tracer(semconv.SCOPE_NAME, semconv.SCOPE_VERSION)
+        self.step_roots = StepRoots(self.tracer, started_ns=time.time_ns())
+        self.event_logger = self.logger_provider.get_logger(semconv.SCOPE_NAME, semconv.SCOPE_VERSION)
 
         if driver:
             _end_stray_worker_runs()
@@ -306,16 +226,17 @@ class Run:
 
     def step_in_progress(self, ctx: Context | None = None) -> int | None:
         """The step a span starting now belongs to: on the driver, one more than the last logged step
-        (phases run before the log() that closes their step); in a worker, the step the caller's
-        baggage names."""
+        (phases run before the log() that closes their step; None before the first log(): the step's
+        root says it once logged); in a worker, the step the caller's baggage names."""
         if self.driver:
-            return 0 if self.last_step is None else self.last_step + 1
+            return None if self.last_step is None else self.last_step + 1
         return step_from(ctx)
 
-    def parent_context(self, ctx: Context) -> Context:
+    def parent_context(self, ctx: Context, said_step: int | None = None) -> Context:
         """The context for a span that starts outside any other span (``ctx`` has none), with this
-        run's identity in its baggage: on the driver, the step span's (opened on first use, started
-        where the previous step ended); in a worker, the trace its environment names (TRACEPARENT)."""
+        run's identity in its baggage: on the driver, under the step's root (``step_roots.py``;
+        ``said_step`` is the span's own ``step=``); in a worker, the trace its environment names
+        (TRACEPARENT)."""
         if not self.driver:
             cached = self._worker_parent
             if cached is not None and cached[0] is ctx:
@@ -326,26 +247,8 @@ class Run:
             ctx = with_identity(self.identity, self.step_in_progress(ctx), ctx)
             self._worker_parent = (given, ctx)  # holds ``given``: its id cannot be reused meanwhile
             return ctx
-        with self._step_lock:
-            if self._step_span is None:
-                self._step_span = self.tracer.start_span(
-                    STEP_SPAN_NAME,
-                    context=Context(),  # a root: one trace per step
-                    attributes={semconv.STEP: self.step_in_progress()},
-                    start_time=self._step_started_ns,
-                )
-            ctx = trace.set_span_in_context(self._step_span, ctx)
+        ctx = self.step_roots.context_for(ctx, self.step_in_progress(), said_step)
         return with_identity(self.identity, self.step_in_progress(ctx), ctx)
-
-    def _end_step(self, step: int | None, now_ns: int, **attributes: Any) -> None:
-        with self._step_lock:
-            span, self._step_span = self._step_span, None
-            self._step_started_ns = now_ns
-        if span is not None:
-            if step is not None:
-                span.set_attribute(semconv.STEP, step)
-            span.set_attributes(attributes)
-            span.end(end_time=now_ns)
 
     # --- the hot path ----------------------------------------------------------------------------
 
@@ -380,8 +283,8 @@ class Run:
         if self._latest is not None:
             self._latest.update(step, scalars, now)
         self.last_step = step
-        if self._step_span is not None:
-            self._end_step(step, now)
+        if self.driver:
+            self.step_roots.step_logged(step, now)
 
     def observe(self, data: Mapping[str, Any], step: Any) -> None:
         """Numbers for the observability path only (OTLP gauges), as ``RLInsightLogger.log`` sends
@@ -430,7 +333,7 @@ class Run:
             span.set_attribute(ENDED_BY, "finish")
             span.end()
         self.open_spans.clear()
-        self._end_step(None, time.time_ns(), **{ENDED_BY: "finish"})
+        self.step_roots.end_all(time.time_ns(), **{ENDED_BY: "finish"})
         for provider in (self.tracer_provider, self.logger_provider):
             try:
                 provider.force_flush()

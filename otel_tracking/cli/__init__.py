@@ -1,0 +1,2 @@
+"""The otel-tracking command: demo, replay, stack (loaded on demand). Imports everything below.
+"""

@@ -1,0 +1,22 @@
+"""How hard a sink tries: its queue's size, retries and backoff, the probe of a degraded backend,
+and how long spans and log records may wait to leave together.  A setting (chosen in ``Settings``
+or per sink), used by the delivery engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Policy:
+    queue_size: int = 2_000  # per sink; a 200-metric step is ~100 KB in memory: ~200 MB at most
+    max_attempts: int = 4
+    backoff_s: float = 0.1
+    backoff_max_s: float = 2.0
+    probe_interval_s: float = 5.0
+    # Spans and log records: at most one export per interval (0: each leaves as soon as it is
+    # queued).  One that comes after a quiet interval still leaves at once; a busy sink's items
+    # wait at most this long and leave together, one request instead of one each (an OTLP/HTTP
+    # request costs ~1 ms of CPU whatever its size).  A flush, the stop or a full export's worth
+    # of items ends the wait.
+    export_interval_s: float = 0.0

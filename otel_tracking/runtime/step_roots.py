@@ -1,0 +1,121 @@
+"""The driver's step roots: one trace per step, and a root that encloses its children.
+
+A phase that starts outside any span hangs under the root of the step in progress (``ml.step``,
+opened on first use, started where the previous step's ``log()`` was).  ``log(step=N)`` *closes*
+the root (it now says N) but does not end it yet:
+
+- a span still open under it keeps it open: it ends once its last span has ended (a ``log()``
+  inside ``trace_state("validate")`` no longer ends the root before ``validate``);
+- a span that starts after the ``log()`` and says ``step=N`` (``trace_state("validate",
+  step=N)``, after the step's metrics were logged) joins it: still one trace for step N;
+- any other span that starts outside a span belongs to the next step: the closed root *retires*
+  (it ends at once, or when its last span ends) and a new root opens.
+
+A root's end time is its last ``log()`` or its last span's end, whichever is later, so its
+duration is the step's, however late it is ended; it reaches the sinks when it ends, at the latest
+when the next step's first phase starts (or at ``finish()``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, Tracer
+
+from otel_tracking.signals.semconv import STEP, STEP_SPAN_NAME
+
+
+@dataclass
+class StepRoot:
+    span: Span
+    step: int | None = None  # said by the log() that closed it
+    closed_ns: int | None = None  # the time of that log() (the latest one at this step)
+    open_children: int = 0
+    last_end_ns: int = 0
+    retiring: bool = False  # the next step has begun: end as soon as no child is open
+
+
+class StepRoots:
+    def __init__(self, tracer: Tracer, started_ns: int) -> None:
+        self._tracer = tracer
+        self._lock = threading.Lock()
+        self._current: StepRoot | None = None
+        self._by_trace: dict[int, StepRoot] = {}  # every root not ended yet, by its trace id
+        self._next_start_ns = started_ns
+
+    def context_for(self, ctx: Context, step_in_progress: int | None, said_step: int | None) -> Context:
+        """``ctx`` with the step root a span starting now, outside any span, hangs under;
+        ``said_step`` is the span's own ``step=`` label, if it has one."""
+        with self._lock:
+            root = self._current
+            if root is not None and root.closed_ns is not None and said_step != root.step:
+                self._retire(root)
+                root = None
+            if root is None:
+                attributes = {STEP: step_in_progress} if step_in_progress is not None else {}
+                span = self._tracer.start_span(
+                    STEP_SPAN_NAME,
+                    context=Context(),  # a root: one trace per step
+                    attributes=attributes,
+                    start_time=self._next_start_ns,
+                )
+                root = self._current = StepRoot(span)
+                self._by_trace[span.get_span_context().trace_id] = root
+        return trace.set_span_in_context(root.span, ctx)
+
+    def child_started(self, span: Span) -> StepRoot | None:
+        """Count ``span`` (any span of this process) as open under its trace's root, if that root
+        has not ended; the root to hand to :meth:`child_ended`."""
+        with self._lock:
+            root = self._by_trace.get(span.get_span_context().trace_id)
+            if root is not None:
+                root.open_children += 1
+            return root
+
+    def child_ended(self, root: StepRoot, end_ns: int) -> None:
+        with self._lock:
+            root.open_children -= 1
+            root.last_end_ns = max(root.last_end_ns, end_ns)
+            if root.retiring and root.open_children <= 0:
+                self._end(root)
+
+    def step_logged(self, step: int, now_ns: int) -> None:
+        """``log(step=step)`` at ``now_ns`` closes the step in progress (or, at the same step
+        again, moves its end)."""
+        with self._lock:
+            self._next_start_ns = now_ns
+            root = self._current
+            if root is None:
+                return
+            if root.closed_ns is not None and root.step != step:  # a step with no span of its own
+                self._retire(root)
+                return
+            root.step, root.closed_ns = step, now_ns
+            root.span.set_attribute(STEP, step)
+
+    def end_all(self, now_ns: int, **attributes: Any) -> None:
+        """``finish()``: every root ends now (the spans still open were ended just before)."""
+        with self._lock:
+            for root in list(self._by_trace.values()):
+                if root.closed_ns is None:
+                    root.span.set_attributes(attributes)
+                    root.closed_ns = now_ns
+                self._end(root)
+            self._current = None
+
+    def _retire(self, root: StepRoot) -> None:
+        root.retiring = True
+        if self._current is root:
+            self._current = None
+        if root.open_children <= 0:
+            self._end(root)
+
+    def _end(self, root: StepRoot) -> None:
+        if self._by_trace.pop(root.span.get_span_context().trace_id, None) is None:
+            return  # ended already
+        assert root.closed_ns is not None
+        root.span.end(end_time=max(root.closed_ns, root.last_end_ns))
