@@ -55,8 +55,10 @@ def main() -> None:
         if step in WEIGHTS_AFTER:
             ray.get([server.set_global_steps.remote(WEIGHTS_AFTER[step]) for server in servers])
         tracking.log({f"timing_s/{name}": seconds for name, seconds in timing_raw.items()}, step)
+    run_id = getattr(tracking, "run_id", None)
+    tracking.finish()  # the last step's root ends with the run (or when a next step would begin)
     with open(args.out, "w") as f:
-        json.dump({"results": results, "run_id": getattr(tracking, "run_id", None)}, f)
+        json.dump({"results": results, "run_id": run_id}, f)
     sys.stdin.read()  # the test closes it once the spans have arrived
 
 

@@ -149,7 +149,7 @@ def test_the_hops_continue_the_step_trace(
         assert span["resource"]["process.pid"] not in (driver, parent["resource"]["process.pid"])
         assert span["attributes"]["ml.lane"] in ("replica_0", "replica_1")
         assert span["attributes"]["ml.weight_version"] == WEIGHTS[step]
-        assert span["attributes"]["ml.step"] == gens[step]["attributes"]["ml.step"]  # the driver's, carried
+        assert span["attributes"].get("ml.step") == gens[step]["attributes"].get("ml.step")  # the driver's, carried
         assert span["links"] == []
         assert span["resource"]["ml.run.id"] == on["run_id"] and span["resource"]["ml.role"] == "rollout"
 
