@@ -146,10 +146,11 @@ def _enter(carrier: Any, version: Any) -> tuple[Any, Any]:
     from opentelemetry import context as otel_context
     from opentelemetry.context import Context
 
-    from otel_tracking.signals.carrier import extract, step_from
+    from otel_tracking.signals.carrier import step_from
     from otel_tracking.signals.semconv import STEP
+    from otel_tracking.verl.carriers import context_of
 
-    ctx = extract(carrier)
+    ctx = context_of(carrier)
     step = step_from(ctx)
     stale = isinstance(version, int) and step is not None and version < step - 1
     if stale:
@@ -220,6 +221,6 @@ def _takes_carrier(handle: Any, method_name: str) -> bool:
 
 
 def _inject() -> dict[str, str]:
-    from otel_tracking.distributed.propagation import inject  # not before a call: `import ray` loads no SDK
+    from otel_tracking.verl.carriers import current_carrier  # not before a call: `import ray` loads no SDK
 
-    return inject()
+    return current_carrier()
