@@ -19,7 +19,8 @@ Parts (each instrumented run beside the same thing uninstrumented, in a process 
           times a second for --cpu-seconds: CPU seconds per wall second (all threads), its spans
           exported over OTLP to a local endpoint, beside the same worker uninstrumented.
 
-Results: bench/results/<UTC date>-verl.json and .md.
+Results: bench/results/<UTC date>-<label>.json and .md (label ``verl`` unless --label), with the
+machine's load average at the start.
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def child_micro(spec: dict[str, Any]) -> dict[str, Any]:
                     call()
                 results[name].append((time.perf_counter() - start) / n)
             context.detach(token)
-    results.update(_micro_ray_calls(spec, carrier))
+        results.update(_micro_ray_calls(spec, carrier))  # in the phase, as the hops' calls are
     return {name: 1e6 * statistics.median(values) for name, values in results.items()}
 
 
@@ -314,6 +315,9 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     lines = [f"# bench_verl ({report['date']})", "", f"`{report['command']}`", ""]
+    if "load_average" in report:
+        load = ", ".join(f"{v:.2f}" for v in report["load_average"])
+        lines += [f"Load average (1, 5, 15 min) at the start: {load}", ""]
     if "calls" in report:
         lines += ["## One worker-group call (RayWorkerGroup of 2, p50 of each round's p50)", "",
                   "| method | off p50 ms | on p50 ms | added ms | added % |", "|---|---|---|---|---|"]  # fmt: skip
@@ -372,6 +376,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--cpu-seconds", type=float, default=20.0)
     parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--label", default="verl", help="results file: bench/results/<UTC date>-<label>")
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -381,6 +386,7 @@ def main() -> int:
     report: dict[str, Any] = {
         "command": " ".join(["python", "bench/bench_verl.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "load_average": list(os.getloadavg()),
     }
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.parts.split(","):
@@ -389,7 +395,8 @@ def main() -> int:
     text = render(report)
     print(text)
     if not args.no_save:
-        out = REPO / "bench" / "results" / f"{report['date']}-verl"
+        report["load_average_after"] = list(os.getloadavg())
+        out = REPO / "bench" / "results" / f"{report['date']}-{args.label}"
         out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
         out.with_suffix(".md").write_text(text + "\n")
     return 0
