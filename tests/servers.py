@@ -22,9 +22,10 @@ from tests.conftest import free_port
 class MlflowServer:
     """``mlflow server`` with a sqlite store; about 15 s to answer /health on this machine."""
 
-    def __init__(self, root: Path, port: int | None = None) -> None:
+    def __init__(self, root: Path, port: int | None = None, workers: int = 1) -> None:
         self.root = root
         self.port = port or free_port()
+        self.workers = workers
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -48,7 +49,7 @@ class MlflowServer:
                 "--default-artifact-root",
                 str(self.root / "artifacts"),
                 "--workers",
-                "1",
+                str(self.workers),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

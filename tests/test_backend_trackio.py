@@ -84,15 +84,44 @@ def _plain(value: Any) -> Any:
     return "nan" if isinstance(value, float) and math.isnan(value) else value
 
 
+TABLE_KEY = "val/generations_table"  # ours only (the reference logs traces alone): read by generations_tables()
+
+
 def rows(project: str, run: str) -> list[tuple[int, dict[str, Any]]]:
-    """Each trackio.log() row of a run as (step, metrics), timestamps dropped, NaN as "nan"."""
+    """Each trackio.log() row of a run as (step, metrics), timestamps and the generations table
+    dropped, NaN as "nan"."""
     from trackio.sqlite_storage import SQLiteStorage
 
     result = []
     for row in SQLiteStorage.get_logs(project, run):
-        metrics = {k: _plain(v) for k, v in row.items() if k not in ("timestamp", "step")}
+        metrics = {k: _plain(v) for k, v in row.items() if k not in ("timestamp", "step", TABLE_KEY)}
         result.append((row["step"], metrics))
     return result
+
+
+def generations_tables(project: str, run: str) -> list[tuple[int, str, list[dict[str, Any]]]]:
+    """(step, type, rows) of each generations table, as Trackio's Media page reads them."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    return [
+        (row["step"], row[TABLE_KEY]["_type"], row[TABLE_KEY]["_value"])
+        for row in SQLiteStorage.get_logs(project, run)
+        if TABLE_KEY in row
+    ]
+
+
+def expected_table(step: int) -> list[tuple[int, str, list[dict[str, Any]]]]:
+    return [
+        (
+            step,
+            "trackio.table",
+            [
+                {"step": step, "sample": 0, "input": "what is 2+2?", "output": "4", "score": 1.0},
+                {"step": step, "sample": 1, "input": "capital of France?", "output": "Lyon", "score": 0},
+                {"step": step, "sample": 2, "input": "['only one part']", "output": "", "score": None},
+            ],
+        )
+    ]
 
 
 def traces(project: str, run: str) -> list[tuple[int, int, list[dict[str, Any]], dict[str, Any]]]:
@@ -197,6 +226,7 @@ def test_facade_writes_metrics_spans_generations_and_config(trackio_env: str) ->
     ]
     assert metric_values(project, "exp", "grad/norm") == [(1, math.inf)]
     assert traces(project, "exp") == expected_traces(10)
+    assert generations_tables(project, "exp") == expected_table(10)  # the score as a column
     assert config_of(project, "exp") == {**CONFIG, "api_key": "<redacted>"}
 
 
@@ -328,7 +358,10 @@ def test_differential_against_the_reference(trackio_env: str, seed: types.Module
     for key in ("train/loss", "grad/norm", "big", "note", "__step"):
         assert metric_values(our_project, "exp", key) == metric_values(reference_project, "exp", key)
     assert traces(our_project, "exp") == traces(reference_project, "exp") == expected_traces(10)
-    # Documented difference: secrets in the config are redacted before they reach Trackio.
+    # Documented differences: the generations also as a table (score a column), in the same row;
+    assert generations_tables(reference_project, "exp") == []
+    assert generations_tables(our_project, "exp") == expected_table(10)
+    # secrets in the config are redacted before they reach Trackio.
     assert config_of(reference_project, "exp") == CONFIG
     assert config_of(our_project, "exp") == {**CONFIG, "api_key": "<redacted>"}
 

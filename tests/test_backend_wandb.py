@@ -552,3 +552,34 @@ def test_vemlp_wandb_open_bridge_injection_and_errors(
     monkeypatch.delitem(sys.modules, "volcengine_ml_platform")
     with pytest.raises(ConfigError, match="volcengine_ml_platform"):
         Tracking("proj", "x", default_backend=["vemlp_wandb"])
+
+
+def _console(run: WandbRun) -> str:
+    """What wandb captured of the console: its output records (the run's Logs tab)."""
+    lines = [r for r in run.records if r.WhichOneof("record_type") in ("output", "output_raw")]
+    return "".join(getattr(r, r.WhichOneof("record_type")).line for r in lines)
+
+
+@pytest.mark.parametrize("console", [None, "wrap"])
+def test_wandb_in_the_bridge_process_does_not_capture_the_other_trackers(
+    console: str | None, wandb_dir: Any, trackio_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The trackers share the bridge process, so wandb's console capture recorded Trackio's
+    "* Trackio project initialized ..." lines as the run's Logs, and never a line of the training
+    script.  There it is off, unless WANDB_CONSOLE asks for it."""
+    Tracking, *_ = ours()
+    root = wandb_dir("console")
+    monkeypatch.setenv("TRACKIO_DIR", str(trackio_dir))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    if console is not None:
+        monkeypatch.setenv("WANDB_CONSOLE", console)
+    # Trackio opens beside wandb (either may print first) and finishes before it: its "Run finished"
+    # line comes while wandb's capture, when on, is sure to be on.
+    tracking = Tracking(f"proj-{tmp_path.name}", "exp", default_backend=["trackio", "wandb"])
+    tracking.log({"loss": 0.5}, step=1)
+    tracking.finish()
+    captured = _console(only_run(root))
+    if console is None:
+        assert captured == ""
+    else:  # asked for: wandb captures the bridge process's console, the other trackers included
+        assert "Run finished. Uploading logs to Trackio" in captured

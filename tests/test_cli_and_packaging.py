@@ -142,7 +142,9 @@ def test_cli_version_and_help_show_defaults() -> None:
     for command in ((), ("demo",), ("stack",), ("replay",)):
         text = _cli(*command, "--help").stdout
         assert "`" not in text and "default: None" not in text, (command, text)
-    assert "2 for a path that does not exist" in " ".join(_cli("replay", "--help").stdout.split())
+    assert "1 when something was not (kept for the next replay) or was damaged, for a path that does not exist" in (
+        " ".join(_cli("replay", "--help").stdout.split())
+    )
 
 
 def test_the_demo_keeps_its_files_under_out_and_says_what_to_run_next(tmp_path: Path) -> None:
@@ -212,6 +214,32 @@ def _source_tree_copy(dest: Path) -> Path:
         skip = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*cache*")
         shutil.copytree(repo, dest, ignore=skip, dirs_exist_ok=True)
     return dest
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(path.relative_to(root)) for path in root.rglob("*") if "__pycache__" not in path.parts}
+
+
+def test_pip_wheel_leaves_the_checkout_as_it_was(tmp_path: Path) -> None:
+    """setuptools built in the checkout and left build/ and otel_tracking.egg-info/ there; the
+    build backend (build_backend/otel_tracking_build.py) keeps them in a temporary directory."""
+    import zipfile
+
+    source = _source_tree_copy(tmp_path / "src")
+    before = _tree(source)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    assert _tree(source) - before == set()
+    (wheel,) = (tmp_path / "dist").glob("otel_tracking-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {"otel_tracking/__init__.py", "otel_tracking/cli/main.py", "otel_tracking_stack/collector-config.yaml"}
+    assert wanted <= names
+    assert not [name for name in names if name.startswith(("build_backend", "tests/"))]
 
 
 @pytest.fixture(scope="module")

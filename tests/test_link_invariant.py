@@ -118,7 +118,8 @@ class LinkUnderFaults(RuleBasedStateMachine):
                 text=True,
                 timeout=300,
             )
-            assert replay.returncode in (0, 2), replay.stderr  # 2: nothing was spooled, no spool dir
+            # (1 with no spool dir: nothing was spooled, and the path does not exist)
+            assert replay.returncode == 0 or not (self.root / "spool").exists(), replay.stderr
             missing = set(self.logged) - _tensorboard_steps(self.root / "tb")
             assert not missing, (sorted(missing), stats, replay.stderr[-2000:])
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -278,3 +279,70 @@ def test_one_retry_policy_ours_not_the_sdk_exporters_loop_inside_it(
         stats = tracking.finish()
         assert receiver.received.refused["metrics"] == 3, receiver.received.refused
         assert stats["otlp-metrics"]["spooled"] == 1
+
+
+NEVER_FINISHED = textwrap.dedent(
+    """
+    from otel_tracking import Tracking, trace_state
+
+    tracking = Tracking("proj", "exp", default_backend="console")
+    for step in range(1, 4):
+        with trace_state("rollout"):
+            pass
+        tracking.log({"loss": 0.5}, step=step)
+    # no finish(): the exit hook finishes the run
+    """
+)
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_a_run_never_finished_against_a_dead_endpoint_says_why_once_and_sums_up(
+    protocol: str, isolated: Path
+) -> None:
+    """The exit hook's finish prints the summary finish() prints (per-sink counts, the replay
+    command); each OTLP sink's first failure says why, once, with the endpoint's credentials
+    scrubbed; the SDK's own "Failed to export ..." lines (one per attempt) are not printed."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER")}
+    env.update(OTEL_EXPORTER_OTLP_PROTOCOL=protocol, OTEL_TRACKING_FINISH_TIMEOUT="2")
+    if protocol == "grpc":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
+        reason = {  # the SDK's words: 1.45's error line, or the warning of older ones (no details there)
+            signal: rf"(Failed to export {signal} to 127\.0\.0\.1:{port}, error code: StatusCode\.UNAVAILABLE, "
+            rf"error details: .*Connection refused|Transient error StatusCode\.UNAVAILABLE encountered while exporting "
+            rf"{signal} to 127\.0\.0\.1:{port})"
+            for signal in ("traces", "metrics")
+        }
+    else:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://alice:s3cr3t-pass@127.0.0.1:{port}"
+        reason = {
+            signal: rf"cannot connect to http://<redacted>@127\.0\.0\.1:{port}/v1/{signal} "
+            r"\(Connection refused\)"
+            for signal in ("traces", "metrics")
+        }
+    done = subprocess.run(
+        [sys.executable, "-c", NEVER_FINISHED], cwd=isolated, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "s3cr3t-pass" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if "not reachable now" not in line]
+    spool = isolated / "spool" / "proj"
+    (run_dir,) = spool.iterdir()
+    expected = [
+        rf"otel-tracking: sink 'otlp-traces' failed to export spans: OTLPExportError: {reason['traces']} "
+        r"\(further failures are counted in the summary at the end\)",
+        rf"otel-tracking: sink 'otlp-metrics' failed to export metrics: OTLPExportError: {reason['metrics']} "
+        r"\(further failures are counted in the summary at the end\)",
+        r"otel-tracking: otlp-metrics: delivered 0, failed \d+, retried \d+, spooled 1, dropped 0",
+        r"otel-tracking: otlp-traces: delivered 0, failed \d+, retried \d+, spooled 6, dropped 0",
+        r"otel-tracking: otlp-logs: delivered 0, failed 0, retried 0, spooled 0, dropped 0",
+        rf"otel-tracking: deliver the spooled data with: otel-tracking replay {re.escape(str(run_dir))}",
+    ]
+    assert len(lines) == len(expected), done.stderr
+    # The two sinks' first failures happen on their own workers, in either order; the summary follows.
+    warnings = [[line for line in lines[:2] if re.fullmatch(pattern, line)] for pattern in expected[:2]]
+    assert [len(found) for found in warnings] == [1, 1], (lines[:2], expected[:2])
+    for line, pattern in zip(lines[2:], expected[2:], strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)

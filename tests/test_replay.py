@@ -4,6 +4,7 @@ alone, and the other files go on."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -71,8 +72,8 @@ def test_damaged_records_are_skipped_and_named_and_everything_else_arrives(isola
     assert names == {f"damaged-{i}" for i in range(39) if i != 10} | {f"intact-{i}" for i in range(40)}
     assert done.returncode == 1, "damaged records make the replay report trouble"
     assert f"{damaged_path}: damaged record at byte {middle} skipped (checksum mismatch)" in done.stderr
-    assert "38/38 delivered, 2 damaged record(s) skipped" in done.stderr
-    assert "40/40 delivered" in done.stderr
+    assert f"{damaged_path}: 38/40 records delivered (38/38 items), 2 damaged record(s) skipped" in done.stderr
+    assert f"{intact_path}: 40/40 records delivered (40/40 items)" in done.stderr
     assert not intact_path.exists() and intact_path.with_name("otlp-traces.jsonl.replayed").exists()
 
 
@@ -90,10 +91,107 @@ def test_a_file_still_being_written_is_left_alone(isolated: Path) -> None:
 
 
 def test_a_path_that_does_not_exist_is_an_error(isolated: Path) -> None:
+    """An expected error, exit code 1 as the README says of them all (argparse's usage errors are 2)."""
     with HttpReceiver() as receiver:
         done = _replay(receiver, isolated / "nope")
-    assert done.returncode == 2
-    assert "no such file or directory" in done.stderr
+    assert done.returncode == 1
+    assert done.stderr == f"otel-tracking replay: no such file or directory: {isolated / 'nope'}\n"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _bar_frames(text: str) -> list[str]:
+    return [frame.split("\n")[0] for frame in text.split("\r") if " <- " in frame]
+
+
+def test_the_progress_bar_fills_with_what_was_delivered(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the bar is as full as what the endpoint took: empty when it is down (it
+    filled to 100% while saying "0/1 delivered"), and its last frame agrees with the file's line
+    (an end record is not data: it counted as one more delivered record)."""
+    from otel_tracking.delivery import replay
+    from tests.conftest import free_port
+
+    path = isolated / "run" / "otlp-traces.jsonl"
+    _spool(path, "r", 2).end(0)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("OTEL_TRACKING_MAX_ATTEMPTS", "1")
+    down = _Terminal()
+    assert replay.main([str(path)], out=down) == 1
+    empty = "." * 30
+    assert _bar_frames(down.getvalue()) == [
+        f"otlp-traces <- otlp-traces.jsonl [{empty}] 0/2 delivered, 1 not",
+        f"otlp-traces <- otlp-traces.jsonl [{empty}] 0/2 delivered, 2 not",
+    ]
+    assert f"{path}: 0/2 records delivered (0/2 items), 2 not delivered: kept for the next replay\n" in down.getvalue()
+
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        up = _Terminal()
+        assert replay.main([str(path)], out=up) == 0
+    half, full = "#" * 15 + "." * 15, "#" * 30
+    assert _bar_frames(up.getvalue()) == [
+        f"otlp-traces <- otlp-traces.jsonl [{half}] 1/2 delivered",
+        f"otlp-traces <- otlp-traces.jsonl [{full}] 2/2 delivered",
+    ]
+    assert f"{path}: 2/2 records delivered (2/2 items)\n" in up.getvalue()
+
+
+def test_replay_with_the_endpoint_down_prints_lines_and_a_summary_when_not_a_terminal(isolated: Path) -> None:
+    """Piped or logged, no bar (its frames ran together on one line): one line per file, then the
+    summary the sink's first-failure warning promised; the files are kept, exit code 1."""
+    from tests.conftest import free_port
+
+    first, second = isolated / "a" / "otlp-traces.jsonl", isolated / "b" / "otlp-traces.jsonl"
+    _spool(first, "a", 3).close()
+    _spool(second, "b", 2).close()
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRACKING_MAX_ATTEMPTS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "replay", str(isolated / "a"), str(isolated / "b")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "\r" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if "is not reachable now" not in line]
+    where = f"OTLP http/protobuf -> {endpoint} (traces, metrics, logs)"
+    assert lines == [
+        f"otlp-traces: {first} -> {where}",
+        "otel-tracking: sink 'otlp-traces' failed to export spans: OTLPExportError: cannot connect to "
+        f"{endpoint}/v1/traces (Connection refused) (further failures are counted in the summary at the end)",
+        f"{first}: 0/3 records delivered (0/3 items), 3 not delivered: kept for the next replay",
+        f"otlp-traces: {second} -> {where}",
+        "otel-tracking: sink 'otlp-traces' failed to export spans: OTLPExportError: cannot connect to "
+        f"{endpoint}/v1/traces (Connection refused) (further failures are counted in the summary at the end)",
+        f"{second}: 0/2 records delivered (0/2 items), 2 not delivered: kept for the next replay",
+        "otel-tracking replay: 2 file(s), 0/5 records delivered (0/5 items), 5 not delivered: kept for the next "
+        "replay",
+    ]
+    assert first.exists() and second.exists()
+
+
+def test_a_file_replayed_already_is_refused(isolated: Path) -> None:
+    """``replay x.jsonl.replayed`` sent everything again and exited 0: now one line says why not
+    and how to do it on purpose, exit code 1, and nothing is sent."""
+    path = isolated / "run" / "otlp-traces.jsonl"
+    _spool(path, "r", 2).close()
+    with HttpReceiver() as receiver:
+        assert _replay(receiver, path).returncode == 0
+        wait_for(lambda: len(receiver.received.spans()) == 2, what="2 spans")
+        replayed = path.with_name("otlp-traces.jsonl.replayed")
+        again = _replay(receiver, replayed)
+        assert again.returncode == 1
+        assert again.stderr == (
+            f"otel-tracking replay: {replayed}: replayed already (everything in it was delivered); "
+            "to deliver it again, rename it without .replayed\n"
+        )
+        assert _replay(receiver, isolated / "run").stderr == "nothing to replay\n"  # a directory skips it
+        assert len(receiver.received.spans()) == 2
 
 
 def test_ranks_sharing_a_run_id_spool_to_files_of_their_own(isolated: Path, monkeypatch: object) -> None:

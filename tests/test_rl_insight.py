@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,46 @@ def test_insight_values_before_any_step_are_exported_without_a_step(
         tracking.finish()
         gauges = wait_for(receiver.received.last_gauges, what="gauges")
     assert gauges == {"warmup": 1.0}
+
+
+@pytest.mark.parametrize("how", ["own run", "Tracking backend"])
+def test_without_an_endpoint_it_says_where_its_data_goes(
+    how: str, isolated: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """rl_insight sends over OTLP even with no endpoint configured, to the OpenTelemetry default on
+    localhost: one warning says so and where what cannot be delivered is kept (it said nothing)."""
+    monkeypatch.setenv("VERL_RL_INSIGHT_ENABLE", "1")
+    monkeypatch.setenv("OTEL_TRACKING_FINISH_TIMEOUT", "1")
+    monkeypatch.setenv("OTEL_TRACKING_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("OTEL_TRACKING_RUN_ID", "r1")
+    if how == "own run":
+        RLInsightLogger("proj", "exp")
+        spool = isolated / "spool" / "proj" / "exp-r1" / f"worker-{_host()}-{os.getpid()}"
+        RLInsightLogger.finish()
+    else:
+        Tracking("proj", "exp", default_backend=["rl_insight", "file"]).finish()
+        spool = isolated / "spool" / "proj" / "exp-r1"
+    said = [r.getMessage() for r in caplog.records if "rl_insight" in r.getMessage()]
+    assert said == [
+        "otel-tracking: rl_insight: no OTLP endpoint is configured (OTEL_EXPORTER_OTLP_ENDPOINT), so its traces, "
+        "metrics and logs go to the OpenTelemetry default http://localhost:4318 (an agent or collector there: see "
+        f"`otel-tracking stack`); what cannot be delivered is spooled in {spool}, for `otel-tracking replay`"
+    ]
+
+
+def test_with_an_endpoint_it_says_nothing_of_where(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("VERL_RL_INSIGHT_ENABLE", "1")
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        RLInsightLogger("proj", "exp")
+        RLInsightLogger.finish()
+        Tracking("proj", "exp", default_backend=["rl_insight", "file"]).finish()
+    assert [r.getMessage() for r in caplog.records if "no OTLP endpoint" in r.getMessage()] == []
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()

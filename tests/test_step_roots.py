@@ -155,3 +155,22 @@ def test_a_tracker_gets_the_first_steps_timings_at_step_1(isolated: Path) -> Non
     scalars, _, _ = read_events(isolated / "tensorboard_log" / "proj" / "exp")
     assert [step for step, _ in scalars["timing_s/state/rollout"]] == [1, 2]
     assert [step for step, _ in scalars["loss"]] == [1, 2]
+
+
+def test_flush_delivers_a_logged_steps_root(isolated: Path) -> None:
+    """flush() ends the root of a step already logged (what is done is delivered, not held for the
+    next step's first phase); a span saying that step afterwards has a trace of its own."""
+    tracking = Tracking("proj", "exp", default_backend="file")
+    with trace_state("rollout"):
+        pass
+    tracking.log({"loss": 0.5}, step=1)
+    assert tracking.flush(30)
+    assert [s["name"] for s in events(isolated)] == ["rollout", "ml.step"]
+    with trace_state("late", step=1):
+        pass
+    tracking.finish()
+    spans = events(isolated)
+    late, rollout = (next(s for s in spans if s["name"] == name) for name in ("late", "rollout"))
+    roots = [s for s in spans if s["name"] == "ml.step"]
+    assert [r["trace_id"] for r in roots] == [rollout["trace_id"], late["trace_id"]]
+    assert late["trace_id"] != rollout["trace_id"]

@@ -219,6 +219,11 @@ def test_trackio_shows_metric_groups_on_a_step_axis_and_the_generations(demo: De
     page.wait_for_text([EXPERIMENT, "actor (6)", "pg_loss", "timing_s", "step"])
     page.click_text("Traces")
     page.wait_for_text(["Step 5 (4)", "Step 10 (4)", "What is 17 * 23?", "simulated answer 10.0", "8 traces"])
+    # The score has no column on the Traces page (only in a trace's detail): the same samples as a table
+    page.click_text("Media & Tables")
+    header = "STEP\tSAMPLE\tINPUT\tOUTPUT\tSCORE"  # (the page's CSS capitalizes them)
+    row = "10\t0\tWhat is 17 * 23?\tsimulated answer 10.0\t0."  # step 10, sample 0, its score
+    page.wait_for_text(["Tables (2)", "val/generations_table", header, row])
 
 
 # --- Prometheus (the stack) ----------------------------------------------------------------------

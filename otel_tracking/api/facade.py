@@ -16,6 +16,7 @@ all deliberate:
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import warnings
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from otel_tracking.api.rl_insight import RLInsightLogger
+from otel_tracking.api.rl_insight import RLInsightLogger, say_where_it_goes
 from otel_tracking.bridges.process import start_bridges
 from otel_tracking.config.settings import Settings, build_settings
 from otel_tracking.delivery.pipeline import Sink
@@ -38,7 +39,8 @@ from otel_tracking.delivery.registry import (
     is_bridge,
 )
 from otel_tracking.delivery.spool_files import check_spool_dir
-from otel_tracking.runtime.run import Run, exit_code_for
+from otel_tracking.runtime.lifecycle import exit_code_for
+from otel_tracking.runtime.run import Run
 
 logger = logging.getLogger("otel_tracking")
 
@@ -76,13 +78,14 @@ class Tracking:
         ``never``): continue the previous run of this project and experiment in every tracker (see
         the README, "Resuming a run")."""
         self._run: Run | None = None
-        self._finished = False
         names = _backend_names(default_backend)
         insight = "rl_insight" in names and RLInsightLogger.enabled()
         settings = build_settings(
             str(project_name), str(experiment_name), tuple(names), force_otlp=insight, resume=resume
         )
         settings = check_spool_dir(settings)
+        if insight:
+            say_where_it_goes(settings)
         # Everything that can be found wrong without opening anything is found first (a missing
         # package, a bad tracker setting, an OTEL_*_EXPORTER name that is nothing): a failed
         # Tracking() leaves nothing open and nothing written.
@@ -106,6 +109,9 @@ class Tracking:
             otlp = build_otlp_sinks(settings)
             sinks = [built[n] for n in names if n in built] + extra
             self._run = Run(settings, sinks, otlp_sinks=otlp, periodic_sinks=periodic)
+            # Also when the exit hook finishes a run nobody finished: the counts and the replay
+            # command are printed all the same.
+            self._run.on_finished = functools.partial(_after_finish, self._run)
         except BaseException:  # nothing half-built stays behind: no sink open, no bridge process
             for sink in [*built.values(), *extra, *periodic]:
                 sink.finish(1)
@@ -128,14 +134,7 @@ class Tracking:
         (delivered, failed, retried, spooled, dropped)."""
         if self._run is None:
             return {}
-        first = not self._finished
-        self._finished = True
-        stats = self._run.finish(exit_code)
-        if first and RLInsightLogger._run is self._run:
-            RLInsightLogger.finish()
-        if first:
-            _print_summary(self._run, stats)
-        return stats
+        return self._run.finish(exit_code)  # the first time, the run calls _after_finish
 
     # --- beyond the reference --------------------------------------------------------------------
 
@@ -181,6 +180,13 @@ def _say_resume(settings: Settings) -> None:
         f"(the previous attempt was {state})",
         file=sys.stderr,
     )
+
+
+def _after_finish(run: Run, stats: dict[str, dict[str, int]]) -> None:
+    """Once, when the run has finished (``finish()``, ``with``, or the exit hook)."""
+    if RLInsightLogger._run is run:
+        RLInsightLogger.finish()
+    _print_summary(run, stats)
 
 
 def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:

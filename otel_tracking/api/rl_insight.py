@@ -21,8 +21,31 @@ from typing import Any, ClassVar
 
 from otel_tracking.api.spans import trace_state as _trace_state
 from otel_tracking.config import settings as settings_module
+from otel_tracking.config.settings import Settings
 
 logger = logging.getLogger("otel_tracking")
+
+
+def say_where_it_goes(settings: Settings) -> None:
+    """rl_insight turns OTLP on whether an endpoint is configured or not: without one, a warning
+    says where its data goes (the OpenTelemetry default on localhost, where an agent may listen)
+    and where what cannot be delivered is kept, as a worker run without an exporter says."""
+    from otel_tracking.delivery.registry import otlp_endpoint
+
+    otlp = settings.otlp
+    signals = [s for s in ("traces", "metrics", "logs") if getattr(otlp, s)]
+    defaulted = [s for s in signals if not otlp_endpoint(s, otlp.protocol, settings.env)[1]]
+    if not defaulted:
+        return
+    default = "http://localhost:4317" if otlp.protocol == "grpc" else "http://localhost:4318"
+    logger.warning(
+        "otel-tracking: rl_insight: no OTLP endpoint is configured (OTEL_EXPORTER_OTLP_ENDPOINT), so its %s go to "
+        "the OpenTelemetry default %s (an agent or collector there: see `otel-tracking stack`); what cannot be "
+        "delivered is spooled in %s, for `otel-tracking replay`",
+        ", ".join(defaulted[:-1]) + " and " + defaulted[-1] if len(defaulted) > 1 else defaulted[0],
+        default,
+        settings.spool_dir,
+    )
 
 
 class RLInsightLogger:
@@ -51,6 +74,7 @@ class RLInsightLogger:
 
         # In a worker the identity comes from the caller's baggage or the environment, as for spans.
         s = worker_settings(project=project_name, experiment=experiment_name, force_otlp=True)
+        say_where_it_goes(s)
         cls._run = Run(s, sinks=[], otlp_sinks=build_otlp_sinks(s), driver=False)
         cls._owns_run = True
         cls._init_done = True

@@ -112,8 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "replay",
         help="deliver spooled data (what a sink could not take) into its sink",
         epilog="Each file goes where its run went (the OTLP endpoint or MLflow URI kept in its header) unless "
-        "OTEL_EXPORTER_OTLP_ENDPOINT or MLFLOW_TRACKING_URI say otherwise. Exit code 0 when everything was "
-        "delivered, 1 when something failed or was damaged, 2 for a path that does not exist.",
+        "OTEL_EXPORTER_OTLP_ENDPOINT or MLFLOW_TRACKING_URI say otherwise. A file delivered in full is renamed "
+        "*.replayed and not replayed again. Exit code 0 when everything was delivered; 1 when something was not "
+        "(kept for the next replay) or was damaged, for a path that does not exist and for a *.replayed file.",
     )
     replay.add_argument(
         "paths", nargs="*", help="spool files or directories (default: the whole spool, OTEL_TRACKING_SPOOL_DIR)"

@@ -14,6 +14,13 @@ for as long as the backend makes progress: a slow backend that keeps delivering 
 what a backend that delivered nothing for the finish timeout still holds is spooled.  Every
 outcome is counted in the sink's stats.
 
+A sink that can take several steps in one call (``deliver_many``: MLflow packs them into requests
+of up to 1,000 metrics) gets the run of metric items queued behind the first, up to ``_MAX_GROUP``
+items and about one request per lane (``_GROUP_POINTS``), in one call.  It says of each item
+whether it landed, or what of it did not (the rest of a step split over requests): only that rest
+is retried or spooled, so no point is sent twice, and the items are settled (and acknowledged) one
+by one.
+
 A worker can start *held*, for a backend that is still opening: its queue keeps what comes (a full
 queue spools, as always) and its thread waits; ``release()`` (opened) delivers it all in order,
 ``give_up()`` (failed, or nobody waits any more) spools it and everything after.
@@ -44,6 +51,33 @@ logger = logging.getLogger("otel_tracking")
 
 _MERGEABLE = ("spans", "logs")  # consecutive items of these kinds go out in one export call
 _MAX_MERGE = 512
+_MAX_GROUP = 64  # metric items handed to a deliver_many in one call
+# ... and at most this many scalars: about one MLflow request (1,000 metrics) for each of its four
+# lanes.  A group is settled when its call returns, so it must take about as long as one request:
+# finish()'s stall detector (no delivery for the finish timeout) then sees deliveries as often as
+# it did with one request per step, and a slow backend that keeps delivering is not given up.
+_GROUP_POINTS = 4_000
+
+# What deliver_many says of each item: True (landed), False (nothing landed), or the payload of
+# what did not land (the item is then retried, or spooled, as that rest only).
+Landed = Any
+
+
+def _points(payload: Any) -> int:
+    """The scalars of a metric item (a ``StepBatch``; other payloads count one)."""
+    scalars = getattr(payload, "scalars", None)
+    return len(scalars) if scalars is not None else 1
+
+
+class _Entry:
+    """One item in flight (or a run of merged spans or log records): its payload, which a
+    partial delivery narrows to what has not landed yet, and its tokens."""
+
+    __slots__ = ("payload", "tokens")
+
+    def __init__(self, payload: Any, tokens: list[Any]) -> None:
+        self.payload = payload
+        self.tokens = tokens
 
 
 class Spool:
@@ -226,9 +260,11 @@ class Worker:
         done: Callable[[Any, str], None] | None = None,
         held: bool = False,
         set_aside: Callable[[str, Any], str] | None = None,
+        deliver_many: Callable[[str, list[Any], Callable[[], None]], list[Landed]] | None = None,
     ) -> None:
         self.name = name
         self._deliver = deliver
+        self._deliver_many = deliver_many
         self._keep = set_aside
         self._sink_count = count
         self._done = done
@@ -237,7 +273,7 @@ class Worker:
         self.ledger = Ledger()
         self._lock = threading.Condition()  # guards everything below and the ledger
         self._items: deque[tuple[str, Any, Any]] = deque()
-        self._inflight: tuple[str, Any, list[Any]] | None = None  # the item being exported
+        self._inflight: tuple[str, list[_Entry]] | None = None  # the items being exported, not settled yet
         self._closed = False  # stop(): the thread ends once it has settled what it holds
         self._given_up = False  # stop() spooled the in-flight item while its export hung
         self._next_export = 0.0  # spans and log records wait until then (policy.export_interval_s)
@@ -315,8 +351,9 @@ class Worker:
 
     # --- the worker's side -----------------------------------------------------------------------
 
-    def _take(self) -> tuple[str, Any, list[Any]] | None:
-        """The next item (same-kind spans or log records merged, up to _MAX_MERGE), now in flight;
+    def _take(self) -> tuple[str, list[_Entry]] | None:
+        """The next item (same-kind spans or log records merged, up to _MAX_MERGE; with
+        ``deliver_many``, the run of metric items behind it, up to _MAX_GROUP), now in flight;
         None once stopped and empty."""
         with self._lock:
             while not self._items or self._opening or self._holding_back():
@@ -327,17 +364,25 @@ class Worker:
             if self._items[0][0] in _MERGEABLE and self.policy.export_interval_s:
                 self._next_export = time.monotonic() + self.policy.export_interval_s
             kind, payload, token = self._items.popleft()
-            tokens = [token]
+            entries = [_Entry(payload, [token])]
             if kind in _MERGEABLE:  # take the run of same-kind items behind it
-                payload = list(payload)
-                while self._items and self._items[0][0] == kind and len(tokens) < _MAX_MERGE:
+                payload = entries[0].payload = list(payload)
+                while self._items and self._items[0][0] == kind and len(entries[0].tokens) < _MAX_MERGE:
                     _, more, token = self._items.popleft()
                     payload.extend(more)
-                    tokens.append(token)
-            n = item_count(kind, payload)
+                    entries[0].tokens.append(token)
+            elif kind == "metrics" and self._deliver_many is not None:
+                points = _points(payload)
+                while self._items and self._items[0][0] == kind and len(entries) < _MAX_GROUP:
+                    points += _points(self._items[0][1])
+                    if points > _GROUP_POINTS:
+                        break
+                    _, more, token = self._items.popleft()
+                    entries.append(_Entry(more, [token]))
+            n = sum(item_count(kind, entry.payload) for entry in entries)
             self.ledger.queued -= n
             self.ledger.in_flight += n
-            self._inflight = (kind, payload, tokens)
+            self._inflight = (kind, entries)
             return self._inflight
 
     def _holding_back(self) -> bool:
@@ -354,53 +399,88 @@ class Worker:
 
     def _run(self) -> None:
         while (item := self._take()) is not None:
-            kind, payload, tokens = item
+            kind, entries = item
             try:
-                outcome = self._attempt(kind, payload)
-            except Exception:  # the worker must never die: keep the item and go on
+                self._attempt(kind, entries)
+            except Exception:  # the worker must never die: keep the items and go on
                 logger.exception("otel-tracking: sink %r worker error", self.name)
-                outcome = self._settle(kind, payload, delivered=False)
+                for entry in list(entries):
+                    self._settle(kind, entry, delivered=False)
             with self._lock:
                 self._inflight = None
                 self._lock.notify_all()
-            if outcome is not None:
-                self._report_done(tokens, outcome)
 
-    def _settle(self, kind: str, payload: Any, delivered: bool) -> str | None:
-        """The in-flight item reached its end: delivered, or spooled (or dropped); which.  None
-        when stop() had given it up (spooled it) meanwhile: then it is not this thread's to count."""
+    def _settle(self, kind: str, entry: _Entry, delivered: bool) -> None:
+        """An in-flight item reached its end: delivered, or spooled (or dropped), and its tokens
+        are told so.  Nothing when stop() had given it up (spooled it) meanwhile: then it is not
+        this thread's to count."""
         with self._lock:
-            if self._given_up or self._inflight is None:
-                return None
-            self.ledger.in_flight -= item_count(kind, payload)
-            self._inflight = None
+            if self._given_up or self._inflight is None or entry not in self._inflight[1]:
+                return
+            self._inflight[1].remove(entry)
+            self.ledger.in_flight -= item_count(kind, entry.payload)
             if delivered:
-                self._count("delivered", item_count(kind, payload))
+                self._count("delivered", item_count(kind, entry.payload))
                 self._last_delivery = time.monotonic()
-                return "delivered"
-            return self._set_aside(kind, payload)
+                outcome = "delivered"
+            else:
+                outcome = self._set_aside(kind, entry.payload)
+        self._report_done(entry.tokens, outcome)
 
     def _report_done(self, tokens: list[Any], outcome: str) -> None:
         if self._done is not None:
             for token in tokens:
                 self._done(token, outcome)
 
-    def _attempt(self, kind: str, payload: Any) -> str | None:
+    def _attempt(self, kind: str, entries: list[_Entry]) -> None:
+        """Deliver the in-flight items, retrying what did not land (only that: the rest of a
+        partly delivered item), each settled as soon as it landed; what is left after the last
+        attempt is set aside."""
+        pending = list(entries)
         if self._never_opened or (self._degraded_until and time.monotonic() < self._degraded_until):
-            return self._settle(kind, payload, delivered=False)
+            for entry in pending:
+                self._settle(kind, entry, delivered=False)
+            return
         attempts = 1 if (self._stopping.is_set() or self._degraded_until) else self.policy.max_attempts
         delay = self.policy.backoff_s
         for attempt in range(attempts):
-            if self._deliver(kind, payload):
+            pending = self._deliver_pending(kind, pending)
+            if not pending:
                 self._degraded_until = 0.0
-                return self._settle(kind, payload, delivered=True)
+                return
             if attempt + 1 < attempts:
                 self._count("retried", 1)
                 if self._stopping.wait(delay):
                     break  # finishing: no more waiting on a failing backend
                 delay = min(delay * 2, self.policy.backoff_max_s)
         self._degraded_until = time.monotonic() + self.policy.probe_interval_s
-        return self._settle(kind, payload, delivered=False)
+        for entry in pending:
+            self._settle(kind, entry, delivered=False)
+
+    def _progressed(self) -> None:
+        """Part of a group landed (one request of it): the backend makes progress, which is what
+        stop() waits for, though no item of the group is settled yet."""
+        with self._lock:
+            self._last_delivery = time.monotonic()
+            self._lock.notify_all()
+
+    def _deliver_pending(self, kind: str, pending: list[_Entry]) -> list[_Entry]:
+        """One attempt at the pending items: those that landed are settled; the others, narrowed
+        to what of them did not land, are returned."""
+        if kind == "metrics" and self._deliver_many is not None:
+            results = self._deliver_many(kind, [entry.payload for entry in pending], self._progressed)
+        else:  # one item (or one merged run of spans or log records)
+            results = [self._deliver(kind, entry.payload) for entry in pending]
+        left = []
+        for entry, landed in zip(pending, results, strict=True):
+            if landed is True:
+                self._settle(kind, entry, delivered=True)
+                continue
+            if landed is not False:
+                with self._lock:  # the rest of a partly delivered item: only that is retried or spooled
+                    entry.payload = landed
+            left.append(entry)
+        return left
 
     def _set_aside(self, kind: str, payload: Any) -> str:
         if self._keep is None:
@@ -466,15 +546,16 @@ class Worker:
             self._lock.notify_all()
             stalled_at = max(since, self._last_delivery) + stall_s
         self._thread.join(max(0.1, stalled_at - time.monotonic()))
-        outcome = ""
+        given_up: list[tuple[list[Any], str]] = []
         with self._lock:
             inflight = self._inflight if self._thread.is_alive() else None
             if inflight is not None:
-                kind, payload, _ = inflight
+                kind, entries = inflight
                 self._given_up = True
-                self.ledger.in_flight -= item_count(kind, payload)
-                outcome = self._set_aside(kind, payload)
-        if inflight is not None:
-            self._report_done(inflight[2], outcome)
+                for entry in entries:
+                    self.ledger.in_flight -= item_count(kind, entry.payload)
+                    given_up.append((entry.tokens, self._set_aside(kind, entry.payload)))
+        for tokens, outcome in given_up:
+            self._report_done(tokens, outcome)
         if self.spool is not None:
             self.spool.close()

@@ -14,6 +14,7 @@ them).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -130,7 +131,9 @@ class Sink:
         ``done(token, outcome)`` hears when each item submitted with a token reached its end.  A ``held``
         sink's backend is still opening: its queue keeps what comes until :meth:`attach`."""
         if not self.inline and self.worker is None:
-            self.worker = Worker(self.name, self.deliver, self.count, spool, policy, done, held=held)
+            self.worker = Worker(
+                self.name, self.deliver, self.count, spool, policy, done, held=held, deliver_many=self.deliver_many
+            )
 
     def attach(self, parts: BridgeParts) -> bool:
         """Take the exporters of the bridge that just opened; a held worker then delivers what
@@ -191,6 +194,37 @@ class Sink:
             self._count_failure(kind, None)
             return False
         return True
+
+    def deliver_many(self, kind: str, payloads: list[Any], progress: Callable[[], None] = lambda: None) -> list[Any]:
+        """Several queued items in one call, for the worker: for each, True when it landed, False
+        when nothing of it did, or the step of what did not (a ``StepBatch`` of those scalars).  An
+        exporter with a bulk path (``export_many``: MLflow packs steps into requests of up to 1,000
+        metrics) gets them all, and calls ``progress()`` as each of its requests lands; any other gets
+        them one by one, and after a failure the rest wait."""
+        bulk = getattr(self.metrics, "export_many", None) if kind == "metrics" and self._step_records else None
+        if bulk is None or not all(isinstance(payload, StepBatch) for payload in payloads):
+            results: list[Any] = []
+            for payload in payloads:
+                results.append(self.deliver(kind, payload))
+                if results[-1] is not True:
+                    break
+            return results + [False] * (len(payloads) - len(results))
+        try:
+            rests = bulk([payload.record() for payload in payloads], progress)
+        except Exception as error:
+            self._count_failure(kind, error)
+            return [False] * len(payloads)
+        landed: list[Any] = []
+        for payload, rest in zip(payloads, rests, strict=True):
+            if rest is None:
+                landed.append(True)
+            elif len(rest.scalars) >= len(payload.scalars):
+                landed.append(False)
+            else:
+                landed.append(dataclasses.replace(payload, scalars=rest.scalars))
+        if any(result is not True for result in landed):
+            self._count_failure(kind, None)
+        return landed
 
     def _submit(self, kind: str, payload: Any) -> None:
         if self.carrier is not None:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from otel_tracking.config.settings import ConfigError, Settings, describe_otlp
+from otel_tracking.delivery.otlp_failures import explain_failures
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.signals.redact import redact_config, scrub_text
 
@@ -212,6 +213,7 @@ def open_bridge(
         resume=resume,
         attempt=settings.attempt,
         continuing=continuing,
+        in_bridge_process=inputs is not None,  # only the bridge process hands inputs over
     )
     parts: BridgeParts = _bridge_module(name).open_bridge(context)
     return parts
@@ -338,7 +340,7 @@ def build_otlp_sinks(settings: Settings, remembered: Mapping[str, str] | None = 
             signal_where = f"OTLP {otlp.protocol} -> {endpoint} (the run's endpoint, kept in its spool)"
         sinks[signal] = Sink(
             f"otlp-{signal}",
-            **{_SINK_ARGUMENT[signal]: one_try_per_export(exporters[signal](**signal_args))},
+            **{_SINK_ARGUMENT[signal]: explain_failures(one_try_per_export(exporters[signal](**signal_args)))},
             where=signal_where,
             # In the spool header: replay sends to the same endpoint unless a variable says
             # otherwise (not one with credentials in it: those stay off the disk).

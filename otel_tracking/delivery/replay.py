@@ -5,7 +5,9 @@ naming the sink and the run; replay rebuilds that sink from the header and the *
 environment (so point ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``MLFLOW_TRACKING_URI`` where the data
 should go now), reattaches to the backend's run where the bridge supports it (MLflow: the same run
 id), and exports every item in order.  A fully replayed file is renamed ``*.replayed`` (so nothing
-is delivered twice); items that still fail are written back for the next replay.
+is delivered twice; naming one is refused); items that still fail are written back for the next
+replay.  It says, per file, what was delivered (in records, and in the items a run's summary
+counts), then sums up all files.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from otel_tracking.config.settings import build_settings, spool_root
-from otel_tracking.delivery.engine import Damaged, Spool, read_spool, unframe
+from otel_tracking.delivery.engine import Damaged, Spool, item_count, read_spool, unframe
 from otel_tracking.delivery.pipeline import Sink
 
+REPLAYED = ".replayed"  # the suffix of a file delivered in full
 _OTLP = {"otlp-metrics": "metrics", "otlp-traces": "traces", "otlp-logs": "logs"}
 
 
@@ -74,22 +77,39 @@ def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None
 
 
 class Progress:
-    """A one-line bar of the records read, with how many were delivered."""
+    """A one-line bar of a file's records, filled as far as they were *delivered*, redrawn in place
+    on a terminal.  Anywhere else (a pipe, a log file) it draws nothing: the line that follows each
+    file says how it went."""
 
     def __init__(self, total: int, label: str, out: TextIO) -> None:
         self.total, self.label, self.out, self.read, self.delivered = total, label, out, 0, 0
+        isatty = getattr(out, "isatty", None)
+        self.drawing = bool(callable(isatty) and isatty())
+        self._open = False  # a bar is on the current line
 
     def step(self, delivered: bool) -> None:
         self.read += 1
         self.delivered += delivered
+        if not self.drawing:
+            return
         width = 30
-        filled = width * self.read // max(self.total, 1)
+        filled = width * self.delivered // max(self.total, 1)
+        failed = self.read - self.delivered
         self.out.write(
             f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.delivered}/{self.total} delivered"
+            + (f", {failed} not" if failed else "")
         )
-        if self.read == self.total:
+        self._open = self.read < self.total
+        if not self._open:
             self.out.write("\n")
         self.out.flush()
+
+    def say(self, line: str) -> None:
+        """A line of its own, below the bar drawn so far."""
+        if self._open:
+            self.out.write("\n")
+            self._open = False
+        self.out.write(line + "\n")
 
 
 def _records_in(path: Path) -> int:
@@ -110,10 +130,15 @@ def _end_record(path: Path) -> int | None:
     return None
 
 
+_COUNTS = ("records", "delivered", "failed", "damaged", "items", "items_delivered", "busy", "skipped")
+
+
 def _counts(**nonzero: int) -> dict[str, int]:
-    """One file's outcome: items read, delivered, failed, damaged records, busy (another process
-    writes it) and skipped (not replayed at all, already said why)."""
-    return {"items": 0, "delivered": 0, "failed": 0, "damaged": 0, "busy": 0, "skipped": 0, **nonzero}
+    """One file's outcome: its records (less an end record), those delivered, failed (kept for the
+    next replay) and damaged (skipped); the items in them (spans, log records, log() calls: what
+    a run's summary counts) and those delivered; busy (another process writes the file) and
+    skipped (not replayed at all, already said why)."""
+    return {**dict.fromkeys(_COUNTS, 0), **nonzero}
 
 
 def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | None = None) -> dict[str, int]:
@@ -138,24 +163,28 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
         if sink.metrics is None and sink.spans is None and sink.logs is None:  # it could not open
             out.write(f"{path}: not replayed (the backend did not open); kept for the next replay\n")
             return _counts(failed=1, skipped=1)
-        progress = Progress(_records_in(path), f"{header['sink']} <- {path.name}", out)
+        total = _records_in(path) - (ended is not None)
+        progress = Progress(total, f"{header['sink']} <- {path.name}", out)
         retry_path = path.with_name(path.name + ".retry")
         retry: Spool | None = None
         counts = _counts()
         for record in records:
             if isinstance(record, Damaged):
+                counts["records"] += 1
                 counts["damaged"] += 1
-                out.write(f"\n{record.path}: damaged record at byte {record.offset} skipped ({record.reason})\n")
+                progress.say(f"{record.path}: damaged record at byte {record.offset} skipped ({record.reason})")
                 progress.step(False)
                 continue
             kind, payload = record
-            if kind == "end":
-                progress.step(True)
+            if kind == "end":  # not data: it tells replay how the run ended
                 continue
-            counts["items"] += 1
+            counts["records"] += 1
+            items = item_count(kind, payload)
+            counts["items"] += items
             ok = sink.deliver(kind, payload)
             if ok:
                 counts["delivered"] += 1
+                counts["items_delivered"] += items
             else:
                 counts["failed"] += 1
                 retry = retry or Spool(retry_path, header)
@@ -168,33 +197,66 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
             retry.close()
             os.replace(retry_path, path)
         else:
-            path.rename(path.with_name(path.name + ".replayed"))
+            path.rename(path.with_name(path.name + REPLAYED))
     return counts
 
 
 def main(paths: list[str], out: TextIO = sys.stderr) -> int:
+    """Replay ``paths`` (default: the whole spool); one line per file, then a summary.  Exit code 0
+    when everything was delivered; 1 when something was not (kept for the next replay), a record
+    was damaged, a path does not exist or names a file replayed already."""
     # MLflow's client retries a refused connection 7 times with doubling pauses (~4 min a request,
     # three init attempts): at a command line, say "not reachable" in seconds instead.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     missing = [p for p in paths if not Path(p).exists()]
     if missing:
         out.write(f"otel-tracking replay: no such file or directory: {', '.join(missing)}\n")
-        return 2
+        return 1
+    done_already = [p for p in paths if Path(p).is_file() and p.endswith(REPLAYED)]
+    if done_already:  # its items are in the backend: sending them again would log every one twice
+        out.write(
+            f"otel-tracking replay: {', '.join(done_already)}: replayed already (everything in it was delivered); "
+            f"to deliver it again, rename it without {REPLAYED}\n"
+        )
+        return 1
     files = spool_files([Path(p) for p in paths] or [spool_root()])
     if not files:
         out.write("nothing to replay\n")
         return 0
-    trouble = 0
+    total = _counts()
+    not_replayed = 0
     for path in files:
         try:
             result = replay_file(path, out)
         except Exception as error:  # one file's sink that cannot be rebuilt does not stop the others
             out.write(f"{path}: not replayed: {type(error).__name__}: {error}\n")
-            trouble += 1
+            not_replayed += 1
             continue
-        trouble += result["failed"] + result["damaged"]
         if result["skipped"]:  # it said why already
+            total["busy"] += result["busy"]
+            not_replayed += not result["busy"]
             continue
-        damaged = f", {result['damaged']} damaged record(s) skipped" if result["damaged"] else ""
-        out.write(f"{path}: {result['delivered']}/{result['items']} delivered{damaged}\n")
-    return 1 if trouble else 0
+        for name in _COUNTS:
+            total[name] += result[name]
+        out.write(f"{path}: {_outcome(result)}\n")
+    out.write(_summary(len(files), total, not_replayed) + "\n")
+    return 1 if total["failed"] or total["damaged"] or not_replayed else 0
+
+
+def _outcome(c: Mapping[str, int]) -> str:
+    """What became of one file's records (or all files'), in a few words."""
+    said = f"{c['delivered']}/{c['records']} records delivered ({c['items_delivered']}/{c['items']} items)"
+    if c["damaged"]:
+        said += f", {c['damaged']} damaged record(s) skipped"
+    if c["failed"]:
+        said += f", {c['failed']} not delivered: kept for the next replay"
+    return said
+
+
+def _summary(files: int, total: Mapping[str, int], not_replayed: int) -> str:
+    said = f"otel-tracking replay: {files} file(s), {_outcome(total)}"
+    if total["busy"]:
+        said += f"; {total['busy']} file(s) still being written, skipped"
+    if not_replayed:
+        said += f"; {not_replayed} file(s) not replayed (said above why), kept"
+    return said

@@ -91,6 +91,9 @@ class BridgeContext:
     resume: Mapping[str, Any] | None = None
     attempt: int = 1  # ml.run.attempt of the run opening the tracker
     continuing: bool = False  # a restarted job continues its run: a live attempt, not a replay
+    # Opened in the bridge process, which the trackers share: its console is theirs (their own
+    # messages), not the training script's.
+    in_bridge_process: bool = False
 
     @classmethod
     def from_env(cls) -> BridgeContext:
@@ -216,6 +219,22 @@ class BridgeSession(ABC):
     @abstractmethod
     def write_step(self, record: StepRecord) -> bool: ...
 
+    def write_steps(
+        self, records: Sequence[StepRecord], progress: Callable[[], None] = lambda: None
+    ) -> list[StepRecord | None]:
+        """Several steps, in order: for each, None when it landed, else what of it did not (the
+        record itself when nothing did).  A backend with a bulk path (MLflow's ``log_batch`` of up
+        to 1,000 metrics) packs them into few requests; by default one ``write_step`` each, and
+        after a failure the rest wait (step order).  ``progress()`` says that part of them landed
+        (a request, a step): the delivery layer's stall detector counts it as a delivery."""
+        rests: list[StepRecord | None] = []
+        for index, record in enumerate(records):
+            if not self.write_step(record):
+                return rests + list(records[index:])
+            rests.append(None)
+            progress()
+        return rests
+
     @abstractmethod
     def write_timing(self, step: int, key: str, seconds: float) -> bool: ...
 
@@ -321,15 +340,20 @@ class _UsesSession:
         try:
             return write()
         except Exception as error:
-            # The first failure says why, once per exporter (in the bridge process too: its stderr
-            # is the training process's); later ones are counted by the sink and logged at DEBUG.
-            first = not getattr(self, "_said_why", False)
-            self._said_why = True
-            message = scrub_text(f"{type(error).__name__}: {error}")
-            if first:
-                logger.warning("otel-tracking: %s: %s export failed: %s", type(self).__name__, what, message)
-            logger.debug("%s: %s export failed", type(self).__name__, what, exc_info=True)
+            self._failed(what, error)
             return False
+
+    def _failed(self, what: str, error: BaseException) -> None:
+        # The first failure says why, once per exporter (in the bridge process too: its stderr
+        # is the training process's); later ones are counted by the sink and logged at DEBUG.
+        first = not getattr(self, "_said_why", False)
+        self._said_why = True
+        message = scrub_text(f"{type(error).__name__}: {error}")
+        if first:
+            logger.warning("otel-tracking: %s: %s export failed: %s", type(self).__name__, what, message)
+        logger.debug(
+            "%s: %s export failed", type(self).__name__, what, exc_info=(type(error), error, error.__traceback__)
+        )
 
 
 class BridgeMetricExporter(_UsesSession, StepMetricExporter):
@@ -343,6 +367,20 @@ class BridgeMetricExporter(_UsesSession, StepMetricExporter):
             ok = self._guarded("metrics", lambda r=record: self.session.write_step(r)) and ok  # type: ignore[misc]
             self.session.last_step = record.step
         return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def export_many(
+        self, records: Sequence[StepRecord], progress: Callable[[], None] = lambda: None
+    ) -> list[StepRecord | None]:
+        """Several log() calls at once (``BridgeSession.write_steps``): for each, None when it
+        landed, else what of it did not, for the delivery layer to retry or spool (only that)."""
+        try:
+            rests = self.session.write_steps(records, progress)
+        except Exception as error:
+            self._failed("metrics", error)
+            rests = list(records)
+        for record in records:
+            self.session.last_step = record.step
+        return rests
 
     def write(self, record: StepRecord) -> None:
         if not self.session.write_step(record):

@@ -48,7 +48,8 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ from otel_tracking.exporters._base import (
     bridge_exporters,
     sample_parts,
 )
+from otel_tracking.exporters._batching import Limits, Point, send_in_lanes
 from otel_tracking.signals import semconv
 from otel_tracking.signals.redact import scrubbed_logger
 from otel_tracking.signals.semconv import GENERATIONS_EVENT, STEP_SPAN_NAME
@@ -80,6 +82,14 @@ INIT_RETRY_SLEEP_S = 5.0  # as the reference; tests set it small
 _INVALID = "INVALID_PARAMETER_VALUE"
 ATTEMPT_TAG = semconv.RUN_ATTEMPT  # on a resumed run: its attempt number (no tag: attempt 1)
 _LINK_BATCH = 100  # MlflowClient.link_traces_to_run takes at most 100 trace ids per call
+# log_batch's limits (mlflow.utils.validation: 1,000 metrics, 1 MB a request), with room for the
+# request's own JSON; a metric's JSON is its key and ~70 bytes of value, timestamp and step.
+BATCH_LIMITS = Limits(points=1_000, bytes=900_000)
+_METRIC_JSON_BYTES = 100
+# Requests in flight at once against a tracking server (one lane each, see _batching): as many as
+# `mlflow server` has workers by default (4); MLflow's own async client keeps up to 10 in flight.
+# A database URI writes in this process, where a second writer would only wait for the first.
+REQUESTS_IN_FLIGHT = 4
 
 
 # --- names and params ---------------------------------------------------------------------------
@@ -269,6 +279,11 @@ def _plugin_schemes() -> set[str]:
     return {entry.name for entry in entry_points(group="mlflow.tracking_store")}
 
 
+def _metric_size(point: Point) -> int:
+    """What a metric adds to a ``log_batch`` request's JSON, about."""
+    return len(point[1].encode("utf-8", "surrogatepass")) + _METRIC_JSON_BYTES
+
+
 def _error_code(error: BaseException) -> str | None:
     return getattr(error, "error_code", None)
 
@@ -305,6 +320,7 @@ class MlflowSession(BridgeSession):
         self._rejected: set[str] = set()
         self._last_error: BaseException | None = None
         self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None  # the lanes beyond the first (REQUESTS_IN_FLIGHT)
         self.ended = False
 
     # opening ------------------------------------------------------------------------------------
@@ -412,21 +428,75 @@ class MlflowSession(BridgeSession):
     # the bridge's writes ---------------------------------------------------------------------------
 
     def write_step(self, record: StepRecord) -> bool:
-        # Numbers only: MLflow metrics have no place for the non-number values (record.others).
-        timestamp_ms = record.time_unix_nano // 1_000_000 if record.time_unix_nano else int(time.time() * 1000)
-        if self.attempt > 1 and not self._first_step_tagged:
+        return self.write_steps([record]) == [None]
+
+    def write_steps(
+        self, records: Sequence[StepRecord], progress: Callable[[], None] = lambda: None
+    ) -> list[StepRecord | None]:
+        """The steps' numbers packed into ``log_batch`` requests of up to 1,000 metrics (whole
+        steps or not: a point is a point), in :data:`REQUESTS_IN_FLIGHT` lanes by key, each key's
+        points in step order; for each step None when it landed, else what did not (retried or
+        spooled as that, so no point is sent twice).  MLflow metrics have no place for the
+        non-number values (``record.others``)."""
+        from mlflow.entities import Metric
+
+        if self.attempt > 1 and not self._first_step_tagged and records:
             # MLflow keeps every point: 101..130 logged again after a restart from step 100 hold two
             # values each.  This tag (and the timestamps) says which attempt wrote which.
             try:
-                self.client.set_tag(self.run_id, f"{ATTEMPT_TAG}.{self.attempt}.first_step", str(record.step))
+                self.client.set_tag(self.run_id, f"{ATTEMPT_TAG}.{self.attempt}.first_step", str(records[0].step))
                 self._first_step_tagged = True
             except Exception as error:
                 logger.debug("MLflow attempt tag failed: %s", error)
-                return False
-        self._step_metrics[record.step] = {**self._step_metrics.pop(record.step, {}), **record.scalars}
-        while len(self._step_metrics) > _REMEMBERED_STEPS:
-            del self._step_metrics[next(iter(self._step_metrics))]
-        return self.log_metrics(list(record.scalars.items()), record.step, timestamp_ms)
+                return list(records)
+        points: list[Point] = []
+        for index, record in enumerate(records):
+            self._step_metrics[record.step] = {**self._step_metrics.pop(record.step, {}), **record.scalars}
+            while len(self._step_metrics) > _REMEMBERED_STEPS:
+                del self._step_metrics[next(iter(self._step_metrics))]
+            ms = record.time_unix_nano // 1_000_000 if record.time_unix_nano else int(time.time() * 1000)
+            for key, value in record.scalars.items():
+                name = self.metric_key(key)
+                if name not in self._rejected:  # refused once already (too long, not a unique path)
+                    points.append(
+                        (index, key, Metric(name, float(value) if isinstance(value, bool) else value, ms, record.step))
+                    )
+        missing = send_in_lanes(
+            points, self._lanes(), BATCH_LIMITS, _metric_size, self._send_metrics, self._lane_pool(), progress
+        )
+        if not missing:
+            return [None] * len(records)
+        left: dict[int, set[str]] = {}
+        for index, key, _ in missing:
+            left.setdefault(index, set()).add(key)
+        return [
+            None
+            if index not in left
+            else dataclasses.replace(record, scalars={k: v for k, v in record.scalars.items() if k in left[index]})
+            for index, record in enumerate(records)
+        ]
+
+    def _send_metrics(self, request: list[Point]) -> list[Point]:
+        """One ``log_batch``: the points that did not land."""
+        rest = self._log_batch_rest(
+            "metrics",
+            [metric for _, _, metric in request],
+            lambda batch: self.client.log_batch(self.run_id, metrics=batch),
+        )
+        if not rest:
+            return []
+        left = {id(metric) for metric in rest}
+        return [point for point in request if id(point[2]) in left]
+
+    def _lanes(self) -> int:
+        return REQUESTS_IN_FLIGHT if self.tracking_uri.startswith(("http://", "https://")) else 1
+
+    def _lane_pool(self) -> ThreadPoolExecutor | None:
+        if self._lanes() < 2:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._lanes() - 1, thread_name_prefix="otel-tracking-mlflow-lane")
+        return self._pool
 
     def write_timing(self, step: int, key: str, seconds: float) -> bool:
         return self.log_metrics([(key, seconds)], step, int(time.time() * 1000))
@@ -516,29 +586,35 @@ class MlflowSession(BridgeSession):
         return self._log_batch("metrics", metrics, lambda batch: self.client.log_batch(self.run_id, metrics=batch))
 
     def _log_batch(self, what: str, items: list[Any], log: Any) -> bool:
+        return not self._log_batch_rest(what, items, log)
+
+    def _log_batch_rest(self, what: str, items: list[Any], log: Any) -> list[Any]:
         """One call for the whole batch; if MLflow rejects it as invalid, one call per item so that a
-        bad key or value costs only itself."""
+        bad key or value costs only itself (skipped, with a warning: a retry could not help).  The
+        items that did not land because the backend failed."""
         try:
             log(items)
-            return True
+            return []
         except Exception as error:
             if _error_code(error) != _INVALID:
                 logger.debug("MLflow %s batch failed: %s", what, error)
                 self._last_error = error
-                return False
-        delivered = True
+                return list(items)
+        failed = []
         for item in items:
             try:
                 log([item])
             except Exception as error:
                 if _error_code(error) != _INVALID:
                     self._last_error = error
-                    delivered = False
+                    failed.append(item)
                     continue
-                if item.key not in self._rejected:
+                with self._lock:
+                    first = item.key not in self._rejected
                     self._rejected.add(item.key)
+                if first:
                     logger.warning("[MLflow] %s %r skipped: %s", what[:-1], item.key, error)
-        return delivered
+        return failed
 
     # spans and artifacts ----------------------------------------------------------------------------
 
@@ -610,6 +686,8 @@ class MlflowSession(BridgeSession):
             if self.ended:
                 return
             self.ended = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         if not self.replaying:
             self.client.set_terminated(self.run_id, "FINISHED" if exit_code == 0 else "FAILED")
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +106,23 @@ class TensorboardSession(BridgeSession):
             self._writer = event_file_writer.EventFileWriter(str(self.directory))
         return self._writer
 
-    def write(self, step: int, values: list[Any], wall_time: float | None = None) -> None:
-        """One event holding ``values`` (``Summary.Value`` protos) at ``step``."""
+    def write_steps(
+        self, records: Sequence[StepRecord], progress: Callable[[], None] = lambda: None
+    ) -> list[StepRecord | None]:
+        """Several steps, one event each, and one flush for them all (a flush a step was most of
+        the time of a burst)."""
+        for record in records:
+            values = [scalar_value(key, value) for key, value in record.scalars.items()]
+            if self._purge_pending:  # the first step of a resumed attempt (see the module's notes)
+                self._purge_pending = False
+                self.purge_from(record.step, record.time_unix_nano / 1e9 if record.time_unix_nano else None)
+            self.write(record.step, values, record.time_unix_nano / 1e9 if record.time_unix_nano else None, flush=False)
+        with self._lock:
+            self._open().flush()
+        return [None] * len(records)
+
+    def write(self, step: int, values: list[Any], wall_time: float | None = None, flush: bool = True) -> None:
+        """One event holding ``values`` (``Summary.Value`` protos) at ``step``, flushed unless told not to."""
         if not values:
             return
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -118,7 +133,8 @@ class TensorboardSession(BridgeSession):
         with self._lock:
             writer = self._open()
             writer.add_event(event)
-            writer.flush()
+            if flush:
+                writer.flush()
 
     def purge_from(self, step: int, wall_time: float | None = None) -> None:
         """What ``SummaryWriter(purge_step=step)`` writes: readers drop earlier events at steps >= ``step``."""

@@ -17,7 +17,10 @@ What lands where:
   wrote it (see ``_keep_row_times``);
 * validation generations: ``{"val/generations": [trackio.Trace, ...]}`` at the event's step, one
   trace per sample built exactly as the reference's ``log_generations_to_trackio`` did (Trackio
-  keeps them in its ``traces`` table);
+  keeps them in its ``traces`` table), and in the same row ``val/generations_table``, a
+  ``trackio.Table`` with columns ``step, sample, input, output, score``: Trackio's Traces page has
+  fixed columns and shows a trace's metadata (the score) only in its detail view, while its Media
+  page shows a table's columns;
 * the DAPO filtered-reward table: nothing (the reference's table logger is wandb-only).
 
 The exporters call the session's ``Run`` object directly, not ``trackio.log``: Trackio finds its
@@ -53,6 +56,8 @@ from otel_tracking.signals.semconv import GENERATIONS_EVENT
 logger = scrubbed_logger("otel_tracking.exporters.trackio")
 
 GENERATIONS_KEY = "val/generations"
+GENERATIONS_TABLE_SUFFIX = "_table"  # val/generations_table: the same samples with the score as a column
+GENERATIONS_COLUMNS = ["step", "sample", "input", "output", "score"]
 # How long finish() waits, beyond Trackio's own 30 s, for its sender thread before writing inline.
 _DRAIN_TIMEOUT_S = 60.0
 
@@ -93,6 +98,17 @@ def generation_traces(trackio: Any, samples: Sequence[Any]) -> list[Any]:
             )
         )
     return traces
+
+
+def generations_table(trackio: Any, samples: Sequence[Any], step: int) -> Any:
+    """The samples as one ``trackio.Table`` (a row each), read as :func:`generation_traces` reads them."""
+    rows = []
+    for index, sample in enumerate(samples):
+        if len(sample) >= 3:
+            rows.append([step, index, str(sample[0]), str(sample[1]), sample[2]])
+        else:
+            rows.append([step, index, str(sample), "", None])
+    return trackio.Table(columns=GENERATIONS_COLUMNS, data=rows)
 
 
 class TrackioSession(BridgeSession):
@@ -156,9 +172,12 @@ class TrackioSession(BridgeSession):
         if event.name != GENERATIONS_EVENT:
             return True
         step = self.last_step if event.step is None else event.step
-        traces = generation_traces(self.trackio, list(event.body.get("samples") or []))
+        samples = list(event.body.get("samples") or [])
+        traces = generation_traces(self.trackio, samples)
         if traces:
-            self.log({GENERATIONS_KEY if event.key is None else event.key: traces}, step, event.time_unix_nano)
+            key = GENERATIONS_KEY if event.key is None else event.key
+            table = generations_table(self.trackio, samples, step)
+            self.log({key: traces, key + GENERATIONS_TABLE_SUFFIX: table}, step, event.time_unix_nano)
         return True
 
     def finish(self, exit_code: int = 0) -> None:  # Trackio has no run status to set
@@ -257,5 +276,6 @@ __all__ = [
     "TrackioSession",
     "TrackioSpanExporter",
     "generation_traces",
+    "generations_table",
     "open_bridge",
 ]

@@ -6,6 +6,9 @@ One wandb run per session, opened as the reference did::
                settings=wandb.Settings(https_proxy=config["trainer"]["wandb_proxy"]) if that is set)
 
 and written with ``run.log(data, step=step)``, ended with ``run.finish(exit_code=...)``.
+In the bridge process (the default), ``console="off"`` is added to those settings unless
+``WANDB_CONSOLE`` says otherwise: wandb's console capture there would record only the other
+trackers' messages, which share that process, never the training script's output.
 
 * Metrics: every scalar under the caller's key, at the caller's step (NaN and +/-inf included: wandb
   stores them), plus the non-number values the reference also handed to wandb (strings, None,
@@ -174,7 +177,12 @@ class WandbSession(BridgeSession):
 
         # The real proxy URL (credentials and all) from inputs; the recorded config has it redacted.
         proxy = context.inputs.get("wandb_proxy") or _proxy(context.config)
-        settings = wandb.Settings(https_proxy=proxy) if proxy else None
+        chosen: dict[str, Any] = {"https_proxy": proxy} if proxy else {}
+        if context.in_bridge_process and not context.env.get("WANDB_CONSOLE"):
+            # Its console capture would record the other trackers' messages (MLflow's, Trackio's)
+            # as the run's Logs, and never a line of the training script: off, unless asked for.
+            chosen["console"] = "off"
+        settings = wandb.Settings(**chosen) if chosen else None
         kwargs: dict[str, Any] = {
             "project": context.project,
             "name": context.experiment,

@@ -10,23 +10,18 @@ its own (built here, per process, never installed globally), and the shutdown or
    delivered nothing for ``OTEL_TRACKING_FINISH_TIMEOUT`` still holds is spooled, never lost);
 4. finish each sink: shut down its exporters, end the backend's run with the exit code.
 
-``finish()`` is idempotent.  A run that was not finished is finished at interpreter exit by a hook
-that runs before every ``atexit`` hook (``threading``'s exit hook, which runs when the main thread
-ends, before ``atexit``): the hooks that backends register (``wandb.init``'s, the OTel SDK's) run
-later whatever their registration order, so our exporters flush into backends that are still open.
+``finish()`` is idempotent.  A run that was not finished is finished at interpreter exit, and on
+SIGTERM (``lifecycle.py``); the step roots of the driver are ``step_roots.py``'s.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
 import os
-import signal
-import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.context import Context
@@ -47,6 +42,7 @@ from otel_tracking.delivery.pipeline import (
     flush_sinks,
 )
 from otel_tracking.delivery.spool_files import sink_spool
+from otel_tracking.runtime import lifecycle
 from otel_tracking.runtime.step_roots import StepRoots
 from otel_tracking.signals import semconv
 from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
@@ -172,6 +168,9 @@ class Run:
         self.resource = build_resource(settings)
         self.sinks = list(sinks)
         self.finished = False
+        # Called once with the counts when the run has finished, by finish() or the exit hook
+        # (the facade prints its summary there).
+        self.on_finished: Callable[[dict[str, dict[str, int]]], None] | None = None
         self.last_step: int | None = None
         self._finish_lock = threading.Lock()
         self._env_context = None if driver else extract_env(settings.env)
@@ -211,9 +210,9 @@ class Run:
             _end_stray_worker_runs()
         with _active_lock:
             _active_runs.append(self)
-        _finish_at_exit()
+        lifecycle.finish_at_exit(_finish_open_runs)
         if driver:
-            _finish_on_sigterm()
+            lifecycle.finish_on_sigterm(_finish_open_runs)
 
     @property
     def all_sinks(self) -> list[Sink]:
@@ -345,12 +344,20 @@ class Run:
             for sink in self.sinks:  # a tracker that opened late said how to reattach by now
                 self.record.set_backend(sink.name, sink.resume)
             self.record.finished(exit_code)
-        return self.stats()
+        stats = self.stats()
+        if self.on_finished is not None:
+            try:
+                self.on_finished(stats)
+            except Exception:  # (a closed stderr at exit) the run is finished all the same
+                logger.exception("otel-tracking: reporting the end of the run failed")
+        return stats
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every sink's worker handled what was submitted so far (delivered, or spooled
         after its attempts); False if the timeout passed first."""
         deadline = time.monotonic() + timeout_s
+        if self.driver and not self.finished:
+            self.step_roots.retire_closed()  # a logged step's root goes out now (step_roots.py)
         self.tracer_provider.force_flush()
         self.logger_provider.force_flush()
         return flush_sinks(self.all_sinks, deadline)
@@ -372,145 +379,12 @@ def _warn_forked_once() -> None:
         )
 
 
-# 128 + signal after SIGTERM: the exit code an unfinished run gets at interpreter exit (else
-# _exit_code_now() says).
-_exit_code_at_exit = 0
-
-
-_exit_hook_pid: int | None = None
-
-
-def _finish_at_exit() -> None:
-    """Once per process: finish every run still open when the interpreter exits, newest first."""
-    global _exit_hook_pid
-    if _exit_hook_pid == os.getpid():
-        return
-    _exit_hook_pid = os.getpid()
-    register = getattr(threading, "_register_atexit", None)  # private, but stable since 3.9
-    try:
-        if register is None:
-            raise RuntimeError("no threading exit hook")
-        register(_finish_open_runs)
-    except RuntimeError:
-        atexit.register(_finish_open_runs)
-
-
-def exit_code_for(error: BaseException | None) -> int:
-    """The exit code a run ended by ``error`` gets, as the shell would show it: 0 for none, 130
-    for Ctrl-C (``KeyboardInterrupt``: 128 + SIGINT), ``SystemExit``'s own code (143 after our
-    SIGTERM handler), 1 for any other exception."""
-    if error is None:
-        return 0
-    if isinstance(error, KeyboardInterrupt):
-        return 128 + signal.SIGINT
-    if isinstance(error, SystemExit):
-        code = error.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 1
-
-
-def _exit_code_now() -> int:
-    """The exit code of a process whose interpreter is exiting: 128 + signal after SIGTERM; else
-    what ended the main program, which Python keeps in ``sys.last_value`` when an exception was
-    uncaught (Ctrl-C: 130; any other: 1; an interactive session's last error does not count)."""
-    if _exit_code_at_exit:
-        return _exit_code_at_exit
-    if hasattr(sys, "ps1"):
-        return 0
-    error = getattr(sys, "last_value", None)
-    return exit_code_for(error) if isinstance(error, BaseException) else 0
-
-
 def _finish_open_runs(exit_code: int | None = None, max_timeout_s: float | None = None) -> None:
     """Finish this process's open runs, newest first (each leaves the list as it finishes)."""
     if exit_code is None:
-        exit_code = _exit_code_now()
+        exit_code = lifecycle.exit_code_now()
     while (run := current_run()) is not None:
         if max_timeout_s is not None:
             timeout_s = min(max_timeout_s, run.settings.finish_timeout_s)
             run.settings = dataclasses.replace(run.settings, finish_timeout_s=timeout_s)
         run.finish(exit_code=exit_code)
-
-
-_sigterm_installed = False
-
-
-def _finish_on_sigterm() -> None:
-    """SIGTERM (what a scheduler sends before it kills a job) ends the process through ``SystemExit``
-    instead of killing it on the spot: the main thread unwinds (``with Tracking(...)`` blocks and
-    open ``trace_state`` spans end, holding no lock), then the exit hook above finishes every open
-    run with exit code 128 + SIGTERM, flushed.  A handler the application installed earlier runs
-    first; one that ignores SIGTERM is left alone.  Only the main thread can install handlers."""
-    global _sigterm_installed
-    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is signal.SIG_IGN:
-        return
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        global _exit_code_at_exit
-        _exit_code_at_exit = 128 + signum
-        _main_thread_unwinds.set()
-        if callable(previous):
-            previous(signum, frame)
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    _sigterm_installed = True
-    _watch_sigterm()
-
-
-# A main thread blocked in native code (a hung NCCL collective) runs no Python signal handler until
-# that call returns, so the handler above would make SIGTERM weaker than it is without us.  Python's
-# C-level handler still writes the signal number to the wakeup fd at once: a watcher thread reads it
-# and, if the process has not ended SIGTERM_GRACE_S later, finishes the open runs briefly (the file
-# sink is already on disk; queued items are spooled; the bridge process delivers what it holds)
-# and ends the process with 128 + SIGTERM.  When the handler did run (the usual case), the clean
-# path above finishes the runs, bounded by their own finish timeout, and the watcher does nothing.
-SIGTERM_GRACE_S = 3.0
-_main_thread_unwinds = threading.Event()  # the Python handler ran: the normal, clean path is under way
-
-
-def _watch_sigterm() -> None:
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    try:
-        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    except ValueError:  # not the main thread after all
-        os.close(read_fd)
-        os.close(write_fd)
-        return
-    if previous != -1:  # someone else's wakeup fd (asyncio's): theirs stays, no watcher
-        signal.set_wakeup_fd(previous)
-        os.close(read_fd)
-        os.close(write_fd)
-        return
-
-    def watch() -> None:
-        while True:
-            try:
-                data = os.read(read_fd, 64)
-            except OSError:
-                return
-            if not data:
-                return
-            if signal.SIGTERM in data:
-                timer = threading.Timer(SIGTERM_GRACE_S, _end_after_sigterm)
-                timer.daemon = True
-                timer.start()
-
-    threading.Thread(target=watch, name="otel-tracking-sigterm", daemon=True).start()
-
-
-def _end_after_sigterm() -> None:
-    """The main thread did not unwind within the grace period: finish what can be finished in a
-    bounded time, then end the process as SIGTERM would have."""
-    if _main_thread_unwinds.is_set():
-        return
-    code = 128 + signal.SIGTERM
-    logger.warning("otel-tracking: SIGTERM, and the main thread is blocked; ending the process (exit %d)", code)
-    finisher = threading.Thread(target=_finish_open_runs, args=(code, 1.0), daemon=True)
-    finisher.start()
-    finisher.join(SIGTERM_GRACE_S)
-    os._exit(code)

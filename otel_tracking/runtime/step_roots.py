@@ -13,7 +13,7 @@ the root (it now says N) but does not end it yet:
 
 A root's end time is its last ``log()`` or its last span's end, whichever is later, so its
 duration is the step's, however late it is ended; it reaches the sinks when it ends, at the latest
-when the next step's first phase starts (or at ``finish()``).
+when the next step's first phase starts, at ``flush()`` or at ``finish()``.
 """
 
 from __future__ import annotations
@@ -96,6 +96,14 @@ class StepRoots:
                 return
             root.step, root.closed_ns = step, now_ns
             root.span.set_attribute(STEP, step)
+
+    def retire_closed(self) -> None:
+        """``flush()``: a closed step's root ends now (or once its last span ends) instead of at
+        the next step's first phase: what is done is delivered.  A span saying its step that
+        starts afterwards begins a trace of its own."""
+        with self._lock:
+            if self._current is not None and self._current.closed_ns is not None:
+                self._retire(self._current)
 
     def end_all(self, now_ns: int, **attributes: Any) -> None:
         """``finish()``: every root ends now (the spans still open were ended just before)."""

@@ -1,0 +1,169 @@
+"""How a process's runs end when the program does not end them: at interpreter exit, and on SIGTERM.
+
+A run that was not finished is finished at interpreter exit by a hook that runs before every
+``atexit`` hook (``threading``'s exit hook, which runs when the main thread ends, before
+``atexit``): the hooks that backends register (``wandb.init``'s, the OTel SDK's) run later
+whatever their registration order, so our exporters flush into backends that are still open.
+SIGTERM becomes ``SystemExit(143)`` and, if the main thread is stuck in native code, a watcher
+ends the process after a grace period.  The exit code each run ends with comes from here too.
+
+The runs themselves are ``run.py``'s: it hands its ``finish_open_runs`` to the two installers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("otel_tracking")
+
+# Finish this process's open runs with an exit code (None: exit_code_now()), each within at most
+# a timeout (None: its own finish timeout).
+FinishOpenRuns = Callable[[int | None, float | None], None]
+_finish_open_runs: FinishOpenRuns = lambda exit_code, max_timeout_s: None  # noqa: E731 - until a run installs
+
+
+def _at_exit() -> None:
+    _finish_open_runs(None, None)
+
+
+# 128 + signal after SIGTERM: the exit code an unfinished run gets at interpreter exit (else
+# exit_code_now() says).
+_exit_code_at_exit = 0
+
+
+_exit_hook_pid: int | None = None
+
+
+def finish_at_exit(finish_open_runs: FinishOpenRuns) -> None:
+    """Once per process: at interpreter exit, ``finish_open_runs()`` (every run still open, newest
+    first), before any ``atexit`` hook."""
+    global _exit_hook_pid, _finish_open_runs
+    if _exit_hook_pid == os.getpid():
+        return
+    _exit_hook_pid = os.getpid()
+    _finish_open_runs = finish_open_runs
+    register = getattr(threading, "_register_atexit", None)  # private, but stable since 3.9
+    try:
+        if register is None:
+            raise RuntimeError("no threading exit hook")
+        register(_at_exit)
+    except RuntimeError:
+        atexit.register(_at_exit)
+
+
+def exit_code_for(error: BaseException | None) -> int:
+    """The exit code a run ended by ``error`` gets, as the shell would show it: 0 for none, 130
+    for Ctrl-C (``KeyboardInterrupt``: 128 + SIGINT), ``SystemExit``'s own code (143 after our
+    SIGTERM handler), 1 for any other exception."""
+    if error is None:
+        return 0
+    if isinstance(error, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    if isinstance(error, SystemExit):
+        code = error.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 1
+
+
+def exit_code_now() -> int:
+    """The exit code of a process whose interpreter is exiting: 128 + signal after SIGTERM; else
+    what ended the main program, which Python keeps in ``sys.last_value`` when an exception was
+    uncaught (Ctrl-C: 130; any other: 1; an interactive session's last error does not count)."""
+    if _exit_code_at_exit:
+        return _exit_code_at_exit
+    if hasattr(sys, "ps1"):
+        return 0
+    error = getattr(sys, "last_value", None)
+    return exit_code_for(error) if isinstance(error, BaseException) else 0
+
+
+_sigterm_installed = False
+
+
+def finish_on_sigterm(finish_open_runs: FinishOpenRuns) -> None:
+    """SIGTERM (what a scheduler sends before it kills a job) ends the process through ``SystemExit``
+    instead of killing it on the spot: the main thread unwinds (``with Tracking(...)`` blocks and
+    open ``trace_state`` spans end, holding no lock), then the exit hook above finishes every open
+    run with exit code 128 + SIGTERM, flushed.  A handler the application installed earlier runs
+    first; one that ignores SIGTERM is left alone.  Only the main thread can install handlers."""
+    global _sigterm_installed, _finish_open_runs
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        global _exit_code_at_exit
+        _exit_code_at_exit = 128 + signum
+        _main_thread_unwinds.set()
+        if callable(previous):
+            previous(signum, frame)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    _sigterm_installed = True
+    _finish_open_runs = finish_open_runs
+    _watch_sigterm()
+
+
+# A main thread blocked in native code (a hung NCCL collective) runs no Python signal handler until
+# that call returns, so the handler above would make SIGTERM weaker than it is without us.  Python's
+# C-level handler still writes the signal number to the wakeup fd at once: a watcher thread reads it
+# and, if the process has not ended SIGTERM_GRACE_S later, finishes the open runs briefly (the file
+# sink is already on disk; queued items are spooled; the bridge process delivers what it holds)
+# and ends the process with 128 + SIGTERM.  When the handler did run (the usual case), the clean
+# path above finishes the runs, bounded by their own finish timeout, and the watcher does nothing.
+SIGTERM_GRACE_S = 3.0
+_main_thread_unwinds = threading.Event()  # the Python handler ran: the normal, clean path is under way
+
+
+def _watch_sigterm() -> None:
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread after all
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    if previous != -1:  # someone else's wakeup fd (asyncio's): theirs stays, no watcher
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                timer = threading.Timer(SIGTERM_GRACE_S, _end_after_sigterm)
+                timer.daemon = True
+                timer.start()
+
+    threading.Thread(target=watch, name="otel-tracking-sigterm", daemon=True).start()
+
+
+def _end_after_sigterm() -> None:
+    """The main thread did not unwind within the grace period: finish what can be finished in a
+    bounded time, then end the process as SIGTERM would have."""
+    if _main_thread_unwinds.is_set():
+        return
+    code = 128 + signal.SIGTERM
+    logger.warning("otel-tracking: SIGTERM, and the main thread is blocked; ending the process (exit %d)", code)
+    finisher = threading.Thread(target=_finish_open_runs, args=(code, 1.0), daemon=True)
+    finisher.start()
+    finisher.join(SIGTERM_GRACE_S)
+    os._exit(code)
