@@ -9,16 +9,18 @@ Parts (each instrumented run beside the same thing uninstrumented, in a process 
   calls   a real ``RayWorkerGroup`` of 2 workers on a local Ray cluster: the wall time of one
           worker-group call (a no-op method, and one that works 20 ms), p50 and p90, with
           ``OTEL_TRACKING_VERL=1`` and without; inside a ``marked_timer`` phase, as in verl.
-  micro   the two wrappers alone, in one process: the driver side (``_execute_remote_single_worker``:
-          which method, the carrier) and the worker side (``register``'s wrapper: the carrier
-          attached and detached), each beside verl's own function; p50 per call.
+  micro   the wrappers alone, in one process: the driver side (``_execute_remote_single_worker``:
+          which method, the carrier), the worker side (``register``'s wrapper: the carrier
+          attached and detached), and Ray's ``ActorHandle._actor_method_call`` as hops.py wraps
+          it, each beside verl's (Ray's) own function; p50 per call.
   import  ``python -c "import verl"``: switched on, switched off (the plugin loads and does
           nothing), and no plugins at all (``VERL_USE_EXTERNAL_PLUGINS=none``); median wall time.
   cpu     a worker process calling a ``DistProfiler.annotate``d method, carrier included, 200
           times a second for --cpu-seconds: CPU seconds per wall second (all threads), its spans
           exported over OTLP to a local endpoint, beside the same worker uninstrumented.
 
-Results: bench/results/<UTC date>-verl.json and .md.
+Results: bench/results/<UTC date>-<label>.json and .md (label ``verl`` unless --label), with the
+machine's load average at the start.
 """
 
 from __future__ import annotations
@@ -182,7 +184,45 @@ def child_micro(spec: dict[str, Any]) -> dict[str, Any]:
                     call()
                 results[name].append((time.perf_counter() - start) / n)
             context.detach(token)
+        results.update(_micro_ray_calls(spec, carrier))  # in the phase, as the hops' calls are
     return {name: 1e6 * statistics.median(values) for name, values in results.items()}
+
+
+def _micro_ray_calls(spec: dict[str, Any], carrier: dict[str, str]) -> dict[str, list[float]]:
+    """``ActorHandle._actor_method_call`` as hops.py wraps it, around a stand-in for Ray's (which
+    needs a cluster): a call to a method that takes no carrier (every other actor call), to one
+    that takes it and already has it (a worker-group call: dispatch added it), and to one that
+    takes it and gets it (the agent-loop and server hops), beside Ray's function alone."""
+    import inspect
+    import types
+
+    from otel_tracking.verl import hops
+
+    def ray_call(self: Any, method_name: str, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        return None
+
+    x = inspect.Parameter("x", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    c = inspect.Parameter(hops.CARRIER, inspect.Parameter.KEYWORD_ONLY, default=None)
+    handle_cls = type("ActorHandle", (), {"_actor_method_call": ray_call})
+    handle = handle_cls()
+    handle._ray_method_signatures = {"plain": [x], "carried": [x, c]}
+    hops._patch_caller(types.SimpleNamespace(__name__="ray.actor", ActorHandle=handle_cls))
+    ours = handle_cls._actor_method_call
+    n = spec["n"]
+    results: dict[str, list[float]] = {"ray_verl": [], "ray_other": [], "ray_has_carrier": [], "ray_adds_carrier": []}
+    calls = {
+        "ray_verl": lambda: ray_call(handle, "plain", (1,), {}),
+        "ray_other": lambda: ours(handle, "plain", (1,), {}),
+        "ray_has_carrier": lambda: ours(handle, "carried", (1,), {hops.CARRIER: carrier}),
+        "ray_adds_carrier": lambda: ours(handle, "carried", (1,), {}),
+    }
+    for _ in range(spec["rounds"]):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(n):
+                call()
+            results[name].append((time.perf_counter() - start) / n)
+    return results
 
 
 def part_micro(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -193,6 +233,7 @@ def part_micro(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "per_call_us": us,
         "driver_added_us": us["driver_ours"] - us["driver_verl"],
         "worker_added_us": us["worker_ours"] - us["worker_verl"],
+        "ray_call_added_us": {k: us[k] - us["ray_verl"] for k in ("ray_other", "ray_has_carrier", "ray_adds_carrier")},
     }
 
 
@@ -274,6 +315,9 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     lines = [f"# bench_verl ({report['date']})", "", f"`{report['command']}`", ""]
+    if "load_average" in report:
+        load = ", ".join(f"{v:.2f}" for v in report["load_average"])
+        lines += [f"Load average (1, 5, 15 min) at the start: {load}", ""]
     if "calls" in report:
         lines += ["## One worker-group call (RayWorkerGroup of 2, p50 of each round's p50)", "",
                   "| method | off p50 ms | on p50 ms | added ms | added % |", "|---|---|---|---|---|"]  # fmt: skip
@@ -288,6 +332,12 @@ def render(report: dict[str, Any]) -> str:
         for side in ("driver", "worker"):
             ours, theirs = m["per_call_us"][f"{side}_ours"], m["per_call_us"][f"{side}_verl"]
             lines.append(f"| {side} | {ours:.1f} | {theirs:.1f} | {ours - theirs:.1f} |")
+        theirs = m["per_call_us"]["ray_verl"]
+        for name, what in (("ray_other", "any other actor call"), ("ray_has_carrier", "a worker-group call"),
+                           ("ray_adds_carrier", "an agent-loop / server call")):  # fmt: skip
+            ours = m["per_call_us"][name]
+            cells = f"{ours:.1f} | {theirs:.1f} | {ours - theirs:.1f}"
+            lines.append(f"| `ActorHandle._actor_method_call`, {what} | {cells} |")
         lines.append("")
     if "import" in report:
         i = report["import"]["median_ms"]
@@ -326,6 +376,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--cpu-seconds", type=float, default=20.0)
     parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--label", default="verl", help="results file: bench/results/<UTC date>-<label>")
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -335,6 +386,7 @@ def main() -> int:
     report: dict[str, Any] = {
         "command": " ".join(["python", "bench/bench_verl.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "load_average": list(os.getloadavg()),
     }
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.parts.split(","):
@@ -343,7 +395,8 @@ def main() -> int:
     text = render(report)
     print(text)
     if not args.no_save:
-        out = REPO / "bench" / "results" / f"{report['date']}-verl"
+        report["load_average_after"] = list(os.getloadavg())
+        out = REPO / "bench" / "results" / f"{report['date']}-{args.label}"
         out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
         out.with_suffix(".md").write_text(text + "\n")
     return 0

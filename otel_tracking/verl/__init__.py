@@ -21,6 +21,8 @@ module it concerns has loaded:
                                        (``timers.py``)
 ``verl.single_controller.*``           the caller's context travels with every worker-group
                                        call; each worker says its role (``dispatch.py``)
+``verl.experimental.agent_loop.*``,    the caller's context travels into the agent-loop workers
+the rollout servers, ``ray.actor``     and the rollout servers (``hops.py``)
 ``ray``                                ``ray.init`` gets the run's ``runtime_env`` (``ray_env.py``)
 =====================================  ========================================================
 
@@ -36,6 +38,14 @@ import threading
 from otel_tracking.verl import hooks, switch
 
 _lock = threading.Lock()
+# The agent loop's and the rollout servers' modules (hops.CALLEES; hops.py imports only the
+# standard library too, but is loaded only when one of them is).
+_HOPS = (
+    "verl.experimental.agent_loop.agent_loop",
+    "verl.workers.rollout.vllm_rollout.vllm_async_server",
+    "verl.workers.rollout.sglang_rollout.async_sglang_server",
+    "verl.workers.rollout.trtllm_rollout.trtllm_async_server",
+)
 _installed_by: str | None = None
 
 # What each verl module gets, in the order verl imports them.
@@ -45,8 +55,13 @@ _TARGETS = (
     ("verl.utils.profiler.performance", "otel_tracking.verl.timers"),
     ("verl.single_controller.base.decorator", "otel_tracking.verl.dispatch"),
     ("verl.single_controller.ray.base", "otel_tracking.verl.dispatch"),
+    ("ray.actor", "otel_tracking.verl.hops"),
+    *((name, "otel_tracking.verl.hops") for name in _HOPS),
 )
-_WHAT = "Tracking and its loggers, RLInsightLogger, marked_timer spans, worker-group calls, ray.init runtime_env"
+_WHAT = (
+    "Tracking and its loggers, RLInsightLogger, marked_timer spans, worker-group calls, "
+    "agent-loop and rollout-server calls, ray.init runtime_env"
+)
 
 
 def install(source: str = "install()") -> bool:

@@ -110,12 +110,12 @@ def _with_carrier(signature: inspect.Signature) -> inspect.Signature:
 def _attach(carrier: Any, args: tuple[Any, ...]) -> Any:
     from opentelemetry import context
 
-    from otel_tracking.distributed.propagation import extract
     from otel_tracking.distributed.worker import default_role
+    from otel_tracking.verl.carriers import context_of
 
     if args:
         default_role(role_of(args[0]))
-    return context.attach(extract(carrier))
+    return context.attach(context_of(carrier))
 
 
 def _deliver_pending() -> None:
@@ -168,7 +168,7 @@ def _patch_worker_group(base: ModuleType) -> None:
         return
     if getattr(verl_execute, _PATCHED, False):
         return
-    from otel_tracking.distributed.propagation import inject
+    from otel_tracking.verl.carriers import current_carrier
 
     @functools.wraps(verl_execute)
     def _execute_remote_single_worker(self: Any, worker: Any, method_name: str, *args: Any, **kwargs: Any) -> Any:
@@ -177,7 +177,7 @@ def _patch_worker_group(base: ModuleType) -> None:
             and quietly("worker-group call", _workers_instrumented, default=False)
             and quietly("worker-group call", _takes_carrier, self, method_name, default=False)
         ):
-            carrier = quietly("worker-group call", inject)
+            carrier = quietly("worker-group call", current_carrier)
             if carrier:
                 kwargs[CARRIER] = carrier
         return verl_execute(self, worker, method_name, *args, **kwargs)

@@ -87,10 +87,12 @@ def _verl_enabled(cls: Any) -> bool:
 def _open_span(state_name: Any, state_lane_id: Any, labels: dict[str, Any]) -> Any:
     from otel_tracking.api.spans import trace_state
     from otel_tracking.distributed.worker import default_role
+    from otel_tracking.verl.hops import hop_labels
 
     if isinstance(state_lane_id, str) and state_lane_id.startswith("replica_"):
         default_role("rollout")  # the vLLM / SGLang servers' lanes
-    state = trace_state(str(state_name), state_lane_id=state_lane_id, **labels)
+    # Inside a rollout server's hop: the link and the weight version (hops.py).
+    state = trace_state(str(state_name), state_lane_id=state_lane_id, **labels, **hop_labels())
     state.__enter__()
     return state
 

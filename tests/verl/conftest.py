@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 
-NEEDS_VERL = ["test_loop.py", "test_never_break.py", "test_verl_own_tests.py"]
+NEEDS_VERL = ["test_loop.py", "test_never_break.py", "test_verl_own_tests.py", "test_agent_loop.py"]
 
 # With ``tests`` on pytest's pythonpath, this folder itself is a namespace package named ``verl``:
 # only a real verl (a package with an ``__init__.py``) counts.
