@@ -17,8 +17,8 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from otel_tracking.config.otlp_failures import explain_failures
 from otel_tracking.config.settings import ConfigError, Settings, describe_otlp
-from otel_tracking.delivery.otlp_failures import explain_failures
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.signals.redact import redact_config, scrub_text
 
