@@ -35,13 +35,15 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 sys.path.insert(0, str(REPO))
+
+from bench.bench_log import env  # noqa: E402 - the checkout's bench/ is importable once REPO is on the path
 
 
 def workload(steps: int, metrics: int, seed: int = 0) -> list[dict[str, float]]:
@@ -50,19 +52,6 @@ def workload(steps: int, metrics: int, seed: int = 0) -> list[dict[str, float]]:
     keys = [f"{groups[i % len(groups)]}/metric_{i}" for i in range(metrics)]
     return [{key: rng.random() for key in keys} for _ in range(steps)]
 
-
-@contextlib.contextmanager
-def env(**values: str) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def play(data: list[dict[str, float]], log: Callable[[dict[str, float], int], None], pace_s: float) -> float:

@@ -5,6 +5,9 @@ older-verl test (no torch) is collected."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
+
+import pytest
 
 NEEDS_VERL = ["test_loop.py", "test_never_break.py", "test_verl_own_tests.py", "test_agent_loop.py"]
 
@@ -13,3 +16,16 @@ NEEDS_VERL = ["test_loop.py", "test_never_break.py", "test_verl_own_tests.py", "
 _spec = importlib.util.find_spec("verl")
 HAS_VERL = _spec is not None and (_spec.origin or "").endswith("__init__.py")
 collect_ignore = [] if HAS_VERL else NEEDS_VERL
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A local Ray cluster for one test module (``RayResourcePool`` asks for many logical CPUs);
+    its GCS address."""
+    import ray
+
+    ray.init(num_cpus=100, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()

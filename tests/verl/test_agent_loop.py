@@ -16,12 +16,10 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 
 from tests.otlp_receiver import HttpReceiver, wait_for
 
@@ -32,13 +30,6 @@ STALE_STEP = 2  # served by weights of version 0 (run_agent_loop.py): one update
 WEIGHTS = {1: 0, 2: 0, 3: 2}
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    ray.init(num_cpus=100, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 
 from tests.otlp_receiver import HttpReceiver, wait_for
 
@@ -37,13 +36,6 @@ WORKER_SPANS = {
 BANNER = "otel-tracking: verl instrumented"
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    ray.init(num_cpus=100, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture()
