@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import tempfile
@@ -43,15 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 sys.path.insert(0, str(REPO))
 
-from bench.bench_log import env  # noqa: E402 - the checkout's bench/ is importable once REPO is on the path
-
-
-def workload(steps: int, metrics: int, seed: int = 0) -> list[dict[str, float]]:
-    rng = random.Random(seed)
-    groups = ["actor", "critic", "perf", "timing_s", "response_length", "val-core/openai/gsm8k"]
-    keys = [f"{groups[i % len(groups)]}/metric_{i}" for i in range(metrics)]
-    return [{key: rng.random() for key in keys} for _ in range(steps)]
-
+# the same environment helper and verl-style workload as the log() benchmark
+from bench.bench_log import env, workload  # noqa: E402 - the checkout's bench/ is importable once REPO is on the path
 
 
 def play(data: list[dict[str, float]], log: Callable[[dict[str, float], int], None], pace_s: float) -> float:
