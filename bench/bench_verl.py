@@ -15,9 +15,11 @@ Parts (each instrumented run beside the same thing uninstrumented, in a process 
           it, each beside verl's (Ray's) own function; p50 per call.
   import  ``python -c "import verl"``: switched on, switched off (the plugin loads and does
           nothing), and no plugins at all (``VERL_USE_EXTERNAL_PLUGINS=none``); median wall time.
-  cpu     a worker process calling a ``DistProfiler.annotate``d method, carrier included, 200
-          times a second for --cpu-seconds: CPU seconds per wall second (all threads), its spans
-          exported over OTLP to a local endpoint, beside the same worker uninstrumented.
+  cpu     a worker's ``DistProfiler.annotate``d method called 200 times a second for
+          --cpu-seconds, its spans exported over OTLP to a local endpoint: CPU seconds per wall
+          second (all threads), beside the same worker uninstrumented.  Twice: a Ray actor its
+          driver covers (``distributed/drain.py``: calls return at once), and the method called
+          in a process nobody covers (each call's end waits until its spans have left).
 
 Results: bench/results/<UTC date>-<label>.json and .md (label ``verl`` unless --label), with the
 machine's load average at the start.
@@ -261,6 +263,8 @@ def part_import(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 def child_cpu(spec: dict[str, Any]) -> dict[str, Any]:
+    """A worker nobody covers: the annotated method called in this process, carrier included, so
+    each call's end waits until its spans have left (``drain.at_call_end``)."""
     if spec["instrumented"]:
         from otel_tracking.verl import install
 
@@ -279,20 +283,66 @@ def child_cpu(spec: dict[str, Any]) -> dict[str, Any]:
 
     worker = Worker()
     kwargs = {"_otel_context": spec["carrier"]} if spec["instrumented"] else {}
-    rate, seconds = spec["rate"], spec["seconds"]
-    start_wall = time.monotonic()
-    start_cpu = resource.getrusage(resource.RUSAGE_SELF)
+    return paced(lambda i: worker.update(i, **kwargs), spec["rate"], spec["seconds"], _own_cpu)
+
+
+def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
+    """A Ray actor, called by this driver at the rate: covered (drain.py) when instrumented, so its
+    calls return at once; its CPU (all its threads, Ray's too) read by the actor itself.  After
+    ``ray.shutdown()`` the part counts the spans that arrived."""
+    if spec["instrumented"]:
+        from otel_tracking.verl import install
+
+        install("bench")  # as the plugin does on `import verl`: ray.init gets the runtime_env
+    import ray
+    from verl.single_controller.base.decorator import Dispatch, register
+    from verl.utils.profiler import DistProfiler
+
+    from otel_tracking import trace_state
+
+    class Worker:
+        def __init__(self) -> None:
+            self.rank = 0
+            self.profiler = DistProfiler(rank=0)
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        @DistProfiler.annotate(role="actor_update")
+        def update(self, x: int) -> int:
+            return x
+
+        def cpu_s(self) -> float:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            return usage.ru_utime + usage.ru_stime
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        worker = ray.remote(Worker).remote()
+        ray.get(worker.update.remote(-1))  # started, its worker run built
+        with trace_state("update_actor"):  # the driver's phase: the calls carry its context
+            out = paced(lambda i: ray.get(worker.update.remote(i)), spec["rate"], spec["seconds"],
+                        lambda: ray.get(worker.cpu_s.remote()))  # fmt: skip
+    finally:
+        ray.shutdown()
+    return out
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def paced(call: Any, rate: float, seconds: float, cpu_s: Any) -> dict[str, Any]:
+    """``call(i)`` ``rate`` times a second for ``seconds``: the worker's CPU seconds per wall second."""
+    start_wall, start_cpu = time.monotonic(), cpu_s()
     i = 0
     while (now := time.monotonic()) < start_wall + seconds:
         due = start_wall + i / rate
         if now < due:
             time.sleep(due - now)
-        worker.update(i, **kwargs)
+        call(i)
         i += 1
-    end_cpu = resource.getrusage(resource.RUSAGE_SELF)
     wall = time.monotonic() - start_wall
-    cpu = (end_cpu.ru_utime - start_cpu.ru_utime) + (end_cpu.ru_stime - start_cpu.ru_stime)
-    return {"calls": i, "wall_s": wall, "cpu_per_wall_s": cpu / wall, "rss_mb": end_cpu.ru_maxrss / 1024}
+    return {"calls": i, "wall_s": wall, "cpu_per_wall_s": (cpu_s() - start_cpu) / wall}
 
 
 def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -301,15 +351,20 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     carrier = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "baggage": "ml.run.id=bench,ml.step=1"}
     out: dict[str, Any] = {}
-    with HttpReceiver() as receiver:
-        env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"),
-                        RANK="0")  # fmt: skip
-        for mode in ("off", "on"):
-            spec = {"mode": "cpu", "instrumented": mode == "on", "carrier": carrier, "rate": args.rate,
-                    "seconds": args.cpu_seconds}  # fmt: skip
-            out[mode] = child(spec, env)
-        out["spans_arrived"] = len(receiver.received.spans())
-    out["added_cpu_pct_of_a_core"] = 100 * (out["on"]["cpu_per_wall_s"] - out["off"]["cpu_per_wall_s"])
+    for case, mode_name in (("covered", "cpu_ray"), ("uncovered", "cpu")):
+        with HttpReceiver() as receiver:
+            env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"),
+                            RANK="0")  # fmt: skip
+            result: dict[str, Any] = {}
+            for mode in ("off", "on"):
+                spec = {"mode": mode_name, "instrumented": mode == "on", "carrier": carrier, "rate": args.rate,
+                        "seconds": args.cpu_seconds}  # fmt: skip
+                result[mode] = child(spec, env)
+            spans = receiver.received.spans()
+            result["spans_arrived"] = sum(s["name"] == "actor_update" for s in spans)
+            result["trace_requests"] = len(receiver.received.traces)
+        result["added_cpu_pct_of_a_core"] = 100 * (result["on"]["cpu_per_wall_s"] - result["off"]["cpu_per_wall_s"])
+        out[case] = result
     return out
 
 
@@ -350,16 +405,16 @@ def render(report: dict[str, Any]) -> str:
             "",
         ]
     if "cpu" in report:
-        c = report["cpu"]
-        off, on = c["off"]["cpu_per_wall_s"], c["on"]["cpu_per_wall_s"]
-        lines += [
-            "## A worker at 200 DistProfiler spans/s (CPU s per wall s)",
-            "",
-            "| off | on | added (% of a core) | spans arrived |",
-            "|---|---|---|---|",
-            f"| {off:.3f} | {on:.3f} | {c['added_cpu_pct_of_a_core']:.1f} | {c['spans_arrived']} |",
-            "",
-        ]
+        lines += ["## A worker at 200 DistProfiler spans/s (CPU s per wall s)", "",
+                  "| worker | off | on | added (% of a core) | calls on | spans arrived |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for case, what in (("covered", "a Ray actor its driver covers (returns at once)"),
+                           ("uncovered", "nobody covers it (each call's end waits for its spans)")):  # fmt: skip
+            c = report["cpu"][case]
+            off, on = c["off"]["cpu_per_wall_s"], c["on"]["cpu_per_wall_s"]
+            lines.append(f"| {what} | {off:.3f} | {on:.3f} | {c['added_cpu_pct_of_a_core']:.1f} | "
+                         f"{c['on']['calls']} | {c['spans_arrived']} |")  # fmt: skip
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -380,7 +435,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        print(json.dumps({"calls": child_calls, "micro": child_micro, "cpu": child_cpu}[spec["mode"]](spec)))
+        children = {"calls": child_calls, "micro": child_micro, "cpu": child_cpu, "cpu_ray": child_cpu_ray}
+        print(json.dumps(children[spec["mode"]](spec)))
         return 0
     parts = {"micro": part_micro, "import": part_import, "cpu": part_cpu, "calls": part_calls}
     report: dict[str, Any] = {

@@ -68,9 +68,9 @@ def _wrap(func: Callable[..., Any], method: bool) -> Callable[..., Any]:
             actor_defaults(args[0])  # ml.role and ml.rank of this worker, unless configured
         return attach(kwargs.pop(CARRIER_KWARG, None))
 
-    # Each wrapper returns (or raises, or ends its stream) only after the spans of the call have
-    # left (deliver_pending): Ray may end this process with _exit as soon as its caller has the
-    # result, running no Python code first (see worker.py).
+    # Ray may end this process with _exit as soon as its caller has the result, running no Python
+    # code first (see worker.py): each wrapper returns (or raises, or ends its stream) only after
+    # the spans of the call have left, unless its caller will ask for them first (drain.py).
     wrapper: Callable[..., Any]
     if inspect.isasyncgenfunction(func):
 
@@ -116,19 +116,19 @@ def _wrap(func: Callable[..., Any], method: bool) -> Callable[..., Any]:
 
 
 def _delivered() -> None:
-    from otel_tracking.distributed.worker import deliver_pending
+    from otel_tracking.distributed.drain import at_call_end
 
     try:
-        deliver_pending()
+        at_call_end()
     except Exception:  # telemetry never changes what a call returns or raises
         logger.exception("otel-tracking: waiting for a call's spans failed")
 
 
 async def _delivered_async() -> None:
-    from otel_tracking.distributed.worker import deliver_pending_async
+    from otel_tracking.distributed.drain import at_call_end_async
 
     try:
-        await deliver_pending_async()
+        await at_call_end_async()
     except Exception:
         logger.exception("otel-tracking: waiting for a call's spans failed")
 
@@ -143,22 +143,35 @@ def _with_carrier(signature: inspect.Signature) -> inspect.Signature:
 
 
 class _WithContext:
-    """``.remote()`` / ``.options()`` of a Ray method or remote function, adding the caller's context."""
+    """``.remote()`` / ``.options()`` of a Ray method or remote function, adding the caller's context
+    (and, for an actor's method, covering the actor: :mod:`otel_tracking.distributed.drain`)."""
 
-    def __init__(self, target: Any) -> None:
+    def __init__(self, target: Any, handle: Any = None) -> None:
         self._target = target
+        self._handle = handle
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault(CARRIER_KWARG, inject())
+        if self._handle is not None:
+            _remember(self._handle)
         return self._target.remote(*args, **kwargs)
 
     def options(self, **options: Any) -> _WithContext:
-        return _WithContext(self._target.options(**options))
+        return _WithContext(self._target.options(**options), self._handle)
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._target, name)
         # An actor handle: its methods are what get called.
-        return _WithContext(attribute) if hasattr(attribute, "remote") else attribute
+        return _WithContext(attribute, self._target) if hasattr(attribute, "remote") else attribute
+
+
+def _remember(handle: Any) -> None:
+    from otel_tracking.distributed.drain import remember
+
+    try:
+        remember(handle)
+    except Exception:  # a call goes out whatever happened here
+        logger.exception("otel-tracking: covering an actor failed")
 
 
 def with_context(target: Any) -> Any:

@@ -21,9 +21,11 @@ records into that provider instead.  ``OTEL_SDK_DISABLED=true`` turns the worker
 
 A Ray worker is not given an exit: when its driver calls ``ray.shutdown()`` (or exits, or calls
 ``ray.kill``), Ray's C++ core worker ends the process with ``_exit`` a few milliseconds after the
-driver let go, and no Python code (exit hook, finalizer, signal handler) is sure to run.  So a
-call's spans leave before the call returns: :func:`deliver_pending`, which the ``traced`` wrappers
-call at the end of every call, waits until the worker run holds nothing (delivered, or spooled).
+driver let go, and no Python code (exit hook, finalizer, signal handler) is sure to run.  So either
+the caller asks for the spans before it ends the worker (:mod:`otel_tracking.distributed.drain`),
+or the call's spans leave before the call returns: :func:`deliver_pending`, which the ``traced``
+wrappers call at the end of every call nobody covers, waits until the worker run holds nothing
+(delivered, or spooled).
 """
 
 from __future__ import annotations
@@ -159,8 +161,9 @@ def _finish(ref: weakref.ref[Run]) -> None:
 
 def deliver_pending(timeout_s: float | None = None) -> bool:
     """Wait until this process's worker run holds no span or record: each delivered, or spooled
-    after its attempts.  At the end of a Ray call (the ``traced`` wrappers call it), so that what
-    the call recorded has left before its caller can end the process.  Nothing to wait for on the
+    after its attempts.  At the end of a Ray call that nobody covers (the ``traced`` wrappers call
+    it, through ``drain.at_call_end``), so that what the call recorded has left before its caller
+    can end the process.  Nothing to wait for on the
     driver (``finish()`` flushes its run) or before the first span.  ``timeout_s`` bounds the wait
     (:data:`RETURN_TIMEOUT_S` unless given); after one that timed out (a hung endpoint; one
     warning per process) calls do not wait for :data:`STALL_PAUSE_S`, or until the queue is seen

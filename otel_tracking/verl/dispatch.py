@@ -120,17 +120,17 @@ def _attach(carrier: Any, args: tuple[Any, ...]) -> Any:
 
 def _deliver_pending() -> None:
     # Ray ends a worker with _exit a few ms after its driver lets go (worker.py says why): what a
-    # call recorded leaves before the call returns.
-    from otel_tracking.distributed.worker import deliver_pending
+    # call recorded leaves before the call returns, unless its caller will ask for it (drain.py).
+    from otel_tracking.distributed.drain import at_call_end
 
-    deliver_pending()
+    at_call_end()
 
 
 async def _deliver_pending_async() -> None:
-    from otel_tracking.distributed.worker import deliver_pending_async
+    from otel_tracking.distributed.drain import at_call_end_async
 
     try:
-        await deliver_pending_async()
+        await at_call_end_async()
     except Exception as exc:  # never reaches verl's code
         quietly("sending the call's spans", _raise, exc)
 

@@ -18,7 +18,8 @@ groups:
 * caller side, ``ray.actor.ActorHandle._actor_method_call``, where every ``.remote()`` on an actor
   method ends: it adds the carrier only for a method whose signature (which travels with the
   handle) takes it, and only when the job's workers are instrumented (``dispatch``).  Every other
-  actor call is left as it is.
+  actor call is left as it is, but for one thing: in an instrumented job, each actor called is
+  remembered, to be asked for its spans before its caller ends it (``distributed/drain.py``).
 
 Inside ``LLMServerClient`` nothing is needed: it runs in the agent-loop actor, and asyncio tasks
 inherit the context.
@@ -199,6 +200,7 @@ def _patch_caller(actor: ModuleType) -> None:
     def _actor_method_call(
         self: Any, method_name: str, args: Any = None, kwargs: Any = None, *more: Any, **options: Any
     ) -> Any:
+        quietly("actor call", _remember, self)
         if (kwargs is None or CARRIER not in kwargs) and quietly("actor call", _takes_carrier, self, method_name):
             carrier = quietly("actor call", _inject)
             if carrier:
@@ -207,6 +209,17 @@ def _patch_caller(actor: ModuleType) -> None:
 
     setattr(_actor_method_call, _PATCHED, True)
     handle._actor_method_call = _actor_method_call  # type: ignore[union-attr]
+
+
+def _remember(handle: Any) -> None:
+    """Every actor this job calls (``TaskRunner.run`` too, which takes no carrier) is asked to
+    deliver before its caller ends it (``distributed/drain.py``), when the job is instrumented."""
+    from otel_tracking.verl.dispatch import _workers_instrumented
+
+    if _workers_instrumented():
+        from otel_tracking.distributed.drain import remember
+
+        remember(handle)
 
 
 def _takes_carrier(handle: Any, method_name: str) -> bool:
