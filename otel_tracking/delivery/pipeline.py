@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -81,6 +81,47 @@ class Carrier(Protocol):
     def submit(self, names: Sequence[str], kind: str, payload: Any) -> None: ...
 
 
+@dataclass(frozen=True)
+class Exporters:
+    """One backend's exporters (each optional) and what they can do beyond ``export``, read once,
+    when they are set, not probed at every call."""
+
+    metrics: Any = None
+    spans: Any = None
+    logs: Any = None
+    step_records: Callable[..., Any] | None = None  # our step exporters take log() records as they are
+    bulk: Callable[..., Any] | None = None  # ... and several steps at once (MLflow: up to 1,000 metrics a request)
+    flushers: tuple[Callable[[], Any], ...] = ()  # the exporters' force_flush, called before shutdown
+
+    @classmethod
+    def of(cls, metrics: Any = None, spans: Any = None, logs: Any = None) -> Exporters:
+        step_records = _method(metrics, "export_records")
+        return cls(
+            metrics,
+            spans,
+            logs,
+            step_records=step_records,
+            bulk=_method(metrics, "export_many") if step_records is not None else None,
+            flushers=tuple(f for e in (metrics, spans, logs) if (f := _method(e, "force_flush")) is not None),
+        )
+
+    def of_kind(self, kind: str) -> Any:
+        """The exporter of ``kind`` ("metrics", "spans" or "logs"), or None."""
+        return {"metrics": self.metrics, "spans": self.spans, "logs": self.logs}[kind]
+
+    def only(self, kinds: set[str]) -> Exporters:
+        """These exporters but for the kinds not in ``kinds``."""
+        return Exporters.of(*(self.of_kind(kind) if kind in kinds else None for kind in ("metrics", "spans", "logs")))
+
+    def __iter__(self) -> Iterator[Any]:
+        return (e for e in (self.metrics, self.spans, self.logs) if e is not None)
+
+
+def _method(exporter: Any, name: str) -> Callable[..., Any] | None:
+    method = getattr(exporter, name, None) if exporter is not None else None
+    return method if callable(method) else None
+
+
 class Sink:
     """One backend's exporters, guarded and counted; inline or behind a worker."""
 
@@ -101,11 +142,7 @@ class Sink:
         # ML bridges write an event (generations, tables) only when the caller named their backend
         # in its ``ml.backends`` attribute, as the reference did; file and OTLP record every event.
         self.named_events_only = named_events_only
-        self.metrics = metrics
-        self.spans = spans
-        self.logs = logs
-        self._step_records = _takes_step_records(metrics)
-        self._bulk = _bulk_path(metrics)
+        self.exporters = Exporters.of(metrics, spans, logs)
         self.where = where  # shown to the user at the end of a run: where this sink wrote
         self.inline = inline  # called on the caller's thread (file, console): on disk when log() returns
         self.resume = resume  # what replay needs to reattach to this backend's run (e.g. an MLflow run id)
@@ -143,9 +180,7 @@ class Sink:
         with self._lock:
             if self._sealed:
                 return False
-            self.metrics, self.spans, self.logs = parts.metrics, parts.spans, parts.logs
-            self._step_records = _takes_step_records(parts.metrics)
-            self._bulk = _bulk_path(parts.metrics)
+            self.exporters = Exporters.of(parts.metrics, parts.spans, parts.logs)
             self._on_finish = parts.finish
             self.where = parts.where
             self.resume = parts.resume
@@ -154,7 +189,7 @@ class Sink:
         if self.worker is not None:
             if self.worker.spool is not None:  # replay reattaches to this run (if nothing was spooled yet)
                 self.worker.spool.header["resume"] = parts.resume
-            if self.metrics is None and self.spans is None and self.logs is None:
+            if not any(self.exporters):
                 self.worker.give_up()
             else:
                 self.worker.release()
@@ -170,9 +205,21 @@ class Sink:
         """Wait until what was handed to this sink so far is delivered or spooled."""
         return self.worker.flush(timeout_s) if self.worker is not None else True
 
+    @property
+    def metrics(self) -> Any:
+        return self.exporters.metrics
+
+    @property
+    def spans(self) -> Any:
+        return self.exporters.spans
+
+    @property
+    def logs(self) -> Any:
+        return self.exporters.logs
+
     def takes(self, kind: str) -> bool:
         """Whether this sink exports ``kind`` ("metrics", "spans" or "logs")."""
-        return {"metrics": self.metrics, "spans": self.spans, "logs": self.logs}[kind] is not None
+        return self.exporters.of_kind(kind) is not None
 
     def count(self, field: str, n: int) -> None:
         with self._lock:
@@ -181,14 +228,14 @@ class Sink:
     def deliver(self, kind: str, payload: Any) -> bool:
         """One guarded export call; True when the backend took it (the caller counts it delivered:
         the worker, which may have given the item up meanwhile, or the inline path)."""
-        exporter: Any = {"metrics": self.metrics, "spans": self.spans, "logs": self.logs}[kind]
+        exporters = self.exporters
         try:
             if kind != "metrics":
-                result = exporter.export(payload)
-            elif isinstance(payload, StepBatch) and self._step_records:
-                result = exporter.export_records([payload.record()])  # our step exporters: no OTel round trip
+                result = exporters.of_kind(kind).export(payload)
+            elif isinstance(payload, StepBatch) and exporters.step_records is not None:
+                result = exporters.step_records([payload.record()])  # no OTel round trip
             else:
-                result = exporter.export(materialize(payload))
+                result = exporters.metrics.export(materialize(payload))
         except Exception as error:
             self._count_failure(kind, error)
             return False
@@ -203,7 +250,7 @@ class Sink:
         exporter with a bulk path (``export_many``: MLflow packs steps into requests of up to 1,000
         metrics) gets them all, and calls ``progress()`` as each of its requests lands; any other gets
         them one by one, and after a failure the rest wait."""
-        bulk = self._bulk if kind == "metrics" and self._step_records else None
+        bulk = self.exporters.bulk if kind == "metrics" else None
         if bulk is None or not all(isinstance(payload, StepBatch) for payload in payloads):
             results: list[Any] = []
             for payload in payloads:
@@ -283,12 +330,14 @@ class Sink:
             self.worker.stop(timeout_s, since)
         with self._lock:
             self._sealed = True
-        for exporter in (self.metrics, self.spans, self.logs):
-            if exporter is None:
-                continue
+        exporters = self.exporters
+        for flush in exporters.flushers:
             try:
-                if hasattr(exporter, "force_flush"):
-                    exporter.force_flush()
+                flush()
+            except Exception as error:
+                self._count_failure("shutdown", error)
+        for exporter in exporters:
+            try:
                 exporter.shutdown()
             except Exception as error:
                 self._count_failure("shutdown", error)
@@ -319,19 +368,6 @@ def export_to(sinks: Sequence[Sink], kind: str, payload: Any) -> None:
             carried.setdefault(id(sink.carrier), (sink.carrier, []))[1].append(sink.name)
     for carrier, names in carried.values():
         carrier.submit(names, kind, payload)
-
-
-def _bulk_path(exporter: Any) -> Callable[..., Any] | None:
-    """A step exporter's way to take several steps at once (``export_many``), known when the
-    exporter is set."""
-    bulk = getattr(exporter, "export_many", None)
-    return bulk if callable(bulk) else None
-
-
-def _takes_step_records(exporter: Any) -> bool:
-    """Our step exporters take a log() call's record as it is (no OTel round trip): known once,
-    when the exporter is set, not probed at every export."""
-    return callable(getattr(exporter, "export_records", None))
 
 
 def flush_sinks(sinks: Sequence[Sink], deadline: float) -> bool:

@@ -448,12 +448,8 @@ def _is_step_exporter(exporter: Any) -> bool:
 def _env_sink(name: str, signals: set[str], settings: Settings, config: Any) -> Sink:
     if name in SUPPORTED_BACKENDS and name != "rl_insight":
         sink = build_checked_sink(name, settings, config, signals=signals)
-        if "metrics" not in signals:
-            sink.metrics = None
-        if "traces" not in signals:
-            sink.spans = None
-        if "logs" not in signals:
-            sink.logs = None
+        kinds = {"metrics": "metrics", "traces": "spans", "logs": "logs"}
+        sink.exporters = sink.exporters.only({kinds[signal] for signal in signals})
         return sink
     exporters = {signal: _load_entry_point(signal, name)() for signal in signals}
     return Sink(
