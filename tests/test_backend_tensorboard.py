@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import PlainSdk
 
@@ -419,3 +421,42 @@ def _lane(lane: int, step: int) -> None:
 
     with trace_state("generate", state_lane_id=lane, step=step):
         pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=4096))
+def test_the_c_checksum_is_tensorboards_own(data: bytes) -> None:
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tensorboards
+
+    from otel_tracking.exporters.tensorboard import masked_crc32c
+
+    assert masked_crc32c(data) == tensorboards(data)
+
+
+def test_the_bridge_process_writes_records_tensorboards_checksum_accepts(isolated: Path) -> None:
+    """The bridge process checksums in C; every record of its event file verifies with
+    TensorBoard's own (pure-Python) checksum, and this process's TensorBoard is left as it was."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tensorboards
+    from tensorboard.summary.writer import record_writer
+
+    from otel_tracking import Tracking
+
+    tracking = Tracking("proj", "exp", default_backend="tensorboard")
+    for step in range(20):
+        tracking.log({f"m{k}": step + k / 10 for k in range(50)}, step)
+    tracking.finish()
+    (path,) = (isolated / "tensorboard_log" / "proj" / "exp").glob("events.out.tfevents.*")
+    raw, records, at = path.read_bytes(), 0, 0
+    while at < len(raw):
+        header = raw[at : at + 8]
+        (length,) = struct.unpack("<Q", header)
+        (header_crc,) = struct.unpack("<I", raw[at + 8 : at + 12])
+        data = raw[at + 12 : at + 12 + length]
+        (data_crc,) = struct.unpack("<I", raw[at + 12 + length : at + 16 + length])
+        assert (header_crc, data_crc) == (tensorboards(header), tensorboards(data)), f"record {records}"
+        at += 16 + length
+        records += 1
+    assert records == 21, "the file-version event and one event per step"
+    assert record_writer.masked_crc32c is tensorboards, "the training process's TensorBoard is untouched"
+    scalars, _, _ = read_events(isolated / "tensorboard_log" / "proj" / "exp")
+    assert scalars["m3"] == [(step, pytest.approx(step + 0.3)) for step in range(20)]
