@@ -214,7 +214,7 @@ def test_sigterm_ends_a_process_blocked_in_native_code(tmp_path: Path) -> None:
 
 INTERRUPTED = textwrap.dedent(
     """
-    import os, signal, sys
+    import os, signal, sys, time
     from otel_tracking import Tracking
 
     def train(t):
@@ -222,7 +222,11 @@ INTERRUPTED = textwrap.dedent(
             t.log({"loss": 1.0 / (step + 1)}, step)
         print("run id", t.run_id, flush=True)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
-        signal.pause()
+        # Training goes on until Python raises KeyboardInterrupt in the main thread. (Not
+        # signal.pause(): the signal may land on one of the process's other threads, and then
+        # pause() sleeps for good while Python waits to run its handler.)
+        while True:
+            time.sleep(0.05)
 
     backends = ["file", "mlflow", "wandb"]
     if sys.argv[1] == "with":

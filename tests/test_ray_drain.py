@@ -17,7 +17,9 @@ before the driver let go:
 * uncovered: the driver calls the traced actor without ``with_context``: nobody promised to
   drain it, so each call waits for its own spans (one request per call) and none is lost either;
 * busy: an actor still inside a long call when the driver shuts down cannot answer: the driver
-  waits one bounded time, says so once, and exits.
+  waits one bounded time, says so once, and exits;
+* driver-traced: the driver covers its actors, but nobody covers the driver: a traced call it
+  makes in its own process still waits for its spans (it then ends with ``os._exit``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 CALLS = 20
 
 DRIVER = """
-import sys, time
+import os, sys, time
 import ray
 from otel_tracking import trace_state
 from otel_tracking.ray_tracing import runtime_env, traced, with_context
@@ -61,6 +63,11 @@ class Middle:
         with trace_state("middle_run"):
             return ray.get([with_context(self.leaf).work.remote(i) for i in range(n)])
 
+@traced
+def driver_work():
+    with trace_state("driver_work"):
+        return 1
+
 shape, ending, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ray.init(num_cpus=4, include_dashboard=False)
 env = runtime_env()
@@ -80,6 +87,9 @@ if ending == "shutdown":
 elif ending == "kill":
     ray.kill(top)
 # "exit": the script returns, Ray's exit hook shuts down
+if shape == "driver-traced":
+    driver_work()  # the driver covered its actors, but nobody covers the driver: this call waits
+    os._exit(0)  # no exit hook of the driver's own: what its call made must have left already
 """
 
 
@@ -101,9 +111,12 @@ def run_driver(tmp: Path, shape: str, ending: str) -> tuple[list[dict[str, Any]]
         assert done.returncode == 0, done.stderr[-4000:]
         # The driver has exited and its actors are dead: what arrives now was sent before. The
         # wait is for the receiver's threads only.
-        expected = CALLS + (shape == "nested")
+        expected = CALLS + (shape in ("nested", "driver-traced"))
         wait_for(
-            lambda: sum(s["name"] in ("leaf_work", "middle_run") for s in receiver.received.spans()) >= expected,
+            lambda: (
+                sum(s["name"] in ("leaf_work", "middle_run", "driver_work") for s in receiver.received.spans())
+                >= expected
+            ),
             timeout_s=30,
             what=f"the actors' {expected} spans",
         )
@@ -140,6 +153,12 @@ def test_an_actor_nobody_covers_waits_at_each_call_and_loses_nothing(isolated: P
     spans, requests, _ = run_driver(isolated, "uncovered", "shutdown")
     assert sum(s["name"] == "leaf_work" for s in spans) == CALLS
     assert leaf_requests(requests) >= CALLS // 2, "each call waited until its span had left"
+
+
+def test_a_driver_that_covers_its_actors_still_waits_at_the_end_of_its_own_traced_calls(isolated: Path) -> None:
+    spans, _, _ = run_driver(isolated, "driver-traced", "shutdown")
+    assert sum(s["name"] == "leaf_work" for s in spans) == CALLS
+    assert [s["name"] for s in spans if s["name"] == "driver_work"] == ["driver_work"]
 
 
 def test_a_busy_actor_costs_the_driver_one_bounded_wait_and_one_warning(isolated: Path) -> None:

@@ -37,6 +37,7 @@ DRAIN_TIMEOUT_S = 5.0  # one bound for the whole tree of actors; a busy or hung 
 
 _lock = threading.Lock()
 _covered_pid: int | None = None  # this process will be asked to deliver before Ray ends it
+_covering_pid: int | None = None  # this process asks the actors it calls (a driver, or covered itself)
 _hooked_pid: int | None = None  # ray.shutdown / ray.kill / exit drain first, in this process
 _remembered: dict[str, weakref.ref[Any]] = {}  # actor id -> its handle, for as long as it lives
 
@@ -126,8 +127,8 @@ def _drain(targets: dict[str, Any], skip: frozenset[str], timeout_s: float) -> N
 
 
 def _become_covered(actor: object) -> None:
-    global _covered_pid
-    _covered_pid = os.getpid()
+    global _covered_pid, _covering_pid
+    _covered_pid = _covering_pid = os.getpid()  # and it covers the actors it calls
     _hook()
 
 
@@ -146,13 +147,14 @@ def _deliver_here(actor: object, skip: frozenset[str], timeout_s: float) -> None
 
 
 def _covering() -> bool:
-    """This process covers the actors it calls: it is covered itself, or it is the Ray driver."""
-    global _covered_pid
-    if covered():
+    """This process covers the actors it calls: it is covered itself, or it is the Ray driver.  (A
+    driver covers without being covered: its own traced calls, if any, still wait.)"""
+    global _covering_pid
+    if _covering_pid == os.getpid():
         return True
-    if not _is_driver():
+    if not (covered() or _is_driver()):
         return False
-    _covered_pid = os.getpid()
+    _covering_pid = os.getpid()
     _hook()
     return True
 
