@@ -217,14 +217,17 @@ INTERRUPTED = textwrap.dedent(
     import os, signal, sys, time
     from otel_tracking import Tracking
 
+    # Ctrl-C as in a terminal: a test run started in the background by a non-interactive shell
+    # inherits SIGINT ignored, and Python then leaves it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     def train(t):
         for step in range(5):
             t.log({"loss": 1.0 / (step + 1)}, step)
         print("run id", t.run_id, flush=True)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
-        # Training goes on until Python raises KeyboardInterrupt in the main thread. (Not
-        # signal.pause(): the signal may land on one of the process's other threads, and then
-        # pause() sleeps for good while Python waits to run its handler.)
+        # Training goes on until Python raises KeyboardInterrupt in the main thread (the signal
+        # may land on another thread, and then signal.pause() would not return).
         while True:
             time.sleep(0.05)
 
