@@ -448,8 +448,7 @@ def _is_step_exporter(exporter: Any) -> bool:
 def _env_sink(name: str, signals: set[str], settings: Settings, config: Any) -> Sink:
     if name in SUPPORTED_BACKENDS and name != "rl_insight":
         sink = build_checked_sink(name, settings, config, signals=signals)
-        kinds = {"metrics": "metrics", "traces": "spans", "logs": "logs"}
-        sink.exporters = sink.exporters.only({kinds[signal] for signal in signals})
+        sink.exporters = sink.exporters.only({_SINK_ARGUMENT[signal] for signal in signals})
         return sink
     exporters = {signal: _load_entry_point(signal, name)() for signal in signals}
     return Sink(
