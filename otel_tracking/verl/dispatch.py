@@ -79,7 +79,7 @@ def _taking_carrier(method: Any, magic: str) -> Any:
                 return await method(*args, **kwargs)
             finally:
                 quietly("continuing the caller's trace", _detach, token)
-                await _deliver_pending_async()
+                await _at_call_end_async()
 
         wrapper = async_wrapper
     else:
@@ -91,7 +91,7 @@ def _taking_carrier(method: Any, magic: str) -> Any:
                 return method(*args, **kwargs)
             finally:
                 quietly("continuing the caller's trace", _detach, token)
-                quietly("sending the call's spans", _deliver_pending)
+                quietly("sending the call's spans", _at_call_end)
 
         wrapper = sync_wrapper
     functools.update_wrapper(wrapper, method)
@@ -118,7 +118,7 @@ def _attach(carrier: Any, args: tuple[Any, ...]) -> Any:
     return context.attach(context_of(carrier))
 
 
-def _deliver_pending() -> None:
+def _at_call_end() -> None:
     # Ray ends a worker with _exit a few ms after its driver lets go (worker.py says why): what a
     # call recorded leaves before the call returns, unless its caller will ask for it (drain.py).
     from otel_tracking.distributed.drain import at_call_end
@@ -126,7 +126,7 @@ def _deliver_pending() -> None:
     at_call_end()
 
 
-async def _deliver_pending_async() -> None:
+async def _at_call_end_async() -> None:
     from otel_tracking.distributed.drain import at_call_end_async
 
     try:

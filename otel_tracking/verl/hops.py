@@ -130,10 +130,10 @@ def carrying(method: Any, version_attribute: str | None = None) -> Any:
         finally:
             quietly("continuing the caller's trace", _exit, token)
             if version_attribute is None:  # the agent loop: one call per step, its spans leave first
-                await _deliver()
+                await _at_call_end()  # (unless its caller will ask for them: distributed/drain.py)
             # A server's generate (one per request, many at once) does not wait for its spans: they
-            # leave within the export interval, and the last interval's go with the server when
-            # Ray ends the job.
+            # leave within the export interval, and the last interval's when its caller drains it
+            # (distributed/drain.py) or, if nobody covers it, go with the server when Ray ends the job.
 
     functools.update_wrapper(wrapper, method)
     del wrapper.__wrapped__  # type: ignore[attr-defined]  # Ray reads the signature after inspect.unwrap
@@ -178,10 +178,10 @@ def _exit(token: Any) -> None:
         otel_context.detach(context_token)
 
 
-async def _deliver() -> None:
-    from otel_tracking.verl.dispatch import _deliver_pending_async
+async def _at_call_end() -> None:
+    from otel_tracking.verl.dispatch import _at_call_end_async
 
-    await _deliver_pending_async()
+    await _at_call_end_async()
 
 
 # --- caller side -------------------------------------------------------------------------------
