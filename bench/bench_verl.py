@@ -311,8 +311,7 @@ def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
             return x
 
         def cpu_s(self) -> float:
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            return usage.ru_utime + usage.ru_stime
+            return _own_cpu()  # this process is __main__: the function travels with the class
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
