@@ -80,8 +80,8 @@ with trace_state("dispatch"):
         caller = top if shape == "uncovered" else with_context(top)
         assert ray.get([caller.work.remote(i) for i in range(n)]) == list(range(n))
         if shape == "busy":
-            with_context(top).stall.remote(60)  # still running when the driver shuts down
-            time.sleep(1)
+            # still running when the driver shuts down: the drain's request queues behind it
+            with_context(top).stall.remote(60)
 if ending == "shutdown":
     ray.shutdown()
 elif ending == "kill":
