@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import PlainSdk
 
@@ -388,3 +390,58 @@ def test_rows_carry_the_time_of_their_log_call(trackio_env: str) -> None:
     assert found.keys() == logged.keys()
     for step, at in logged.items():
         assert abs(found[step].timestamp() - at / 1e9) < 1e-3, (step, found[step])
+
+
+# --- the rows queued without run.log ---------------------------------------------------------------
+
+_VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.sampled_from(["a string", None]),
+)
+_KEYS = st.one_of(
+    st.sampled_from(["loss", "a/b", "step", "time", "__private", "ünï", "bad\ud800"]), st.text(max_size=6)
+)
+_STEPS = st.lists(st.tuples(st.dictionaries(_KEYS, _VALUES, max_size=6), st.integers(0, 40)), max_size=8)
+_RUNS = iter(range(10**6))
+
+
+def _raw_rows(project: str, run: str) -> list[tuple[int, list[tuple[str, Any]]]]:
+    """Every row as Trackio's reader returns it, but for the time; NaN as a marker a string
+    "nan" is not."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    return [
+        (row["step"], [(k, ("<NaN>",) if v != v else v) for k, v in row.items() if k not in ("timestamp", "step")])
+        for row in SQLiteStorage.get_logs(project, run)
+    ]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=_STEPS)
+@example(steps=[({"loss": math.nan, "up": math.inf, "down": -math.inf, "n": 3, "ok": True}, 0), ({"big": 2**64}, 1)])
+def test_rows_queued_directly_are_the_rows_run_log_writes(trackio_env: str, steps: list[tuple[dict, int]]) -> None:
+    """The bridge queues a step of plain numbers itself (run.log costs more than the rest of the
+    bridge); every row, value and config must be what run.log writes for the same calls."""
+    import trackio
+
+    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters.trackio import TrackioSession
+
+    name = next(_RUNS)
+    own = trackio.init(project=trackio_env, name=f"log-{name}", config={"lr": 0.1}, embed=False)
+    for data, step in steps:
+        own.log(dict(data), step=step)
+    trackio.finish()
+
+    context = BridgeContext(project=trackio_env, experiment=f"ours-{name}", env=os.environ, config={"lr": 0.1})
+    session = TrackioSession(context)
+    assert session._queue_rows  # this Trackio has the internals: the direct path is what runs
+    for data, step in steps:
+        session.log(dict(data), step)
+    session.finish()
+
+    assert _raw_rows(trackio_env, f"ours-{name}") == _raw_rows(trackio_env, f"log-{name}")
+    config = {"lr": 0.1} if steps else {}  # Trackio writes a run's config with its first row
+    assert config_of(trackio_env, f"ours-{name}") == config_of(trackio_env, f"log-{name}") == config
