@@ -1,20 +1,20 @@
 """Packing points of several steps into a tracker's bulk requests, within its API limits, and
 sending them in a few ordered lanes at once.
 
-A *point* is ``(index of its step in the group, key as logged, what the backend takes)``.  Every
-key always goes to the same lane (by a hash of the key), each lane sends its requests one after
-the other, in step order, and stops at its first failure; lanes run side by side.  So a key's
-points reach the backend in step order even with several requests in flight and a request failing
-mid-group, and what did not land is known point by point: the caller retries (or spools) exactly
-that, never a point that landed.
+A *point* is ``(index of its step in the group, key as logged, what the backend takes)``.  All of
+a key's points in a group go to one lane (the lanes balanced by points), each lane sends its
+requests one after the other, key by key (each key's points in the order logged), and stops at its
+first failure; lanes run side by side.  So a key's points reach the backend in the order logged
+even with several requests in flight and a request failing mid-group, and what did not land is
+known point by point: the caller retries (or spools) exactly that, never a point that landed.
+Groups go one after the other (the delivery worker's), so a key may change lanes between them.
 
-    steps 1..5 of 200 keys --> lane 0: keys with hash 0 --> [req 1000 pts] -> [req ...]   (in order)
-                          \\-> lane 1: keys with hash 1 --> [req 1000 pts] -> [req ...]   (beside it)
+    20 steps of 200 keys --> lane 0: 50 keys --> [req: 1,000 points]   (in order)
+                        \\-> lane 1: 50 keys --> [req: 1,000 points]   (beside it)
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -32,13 +32,19 @@ class Limits:
 
 
 def lanes(points: Sequence[Point], count: int) -> list[list[Point]]:
-    """The points split into ``count`` lanes by key, each lane in the points' order."""
-    split: list[list[Point]] = [[] for _ in range(max(1, count))]
-    if len(split) == 1:
-        split[0].extend(points)
-        return split
+    """The points split into ``count`` lanes of about as many points each: every key's points in
+    one lane, in the order given, and a lane's points grouped by key (the keys with most points
+    placed first, each in the lane with fewest points so far).  Grouped, a request holds as few keys
+    as it can: MLflow's server reads and updates a latest-value row for each key of a request."""
+    by_key: dict[str, list[Point]] = {}
     for point in points:
-        split[zlib.crc32(point[1].encode("utf-8", "surrogatepass")) % len(split)].append(point)
+        by_key.setdefault(point[1], []).append(point)
+    split: list[list[Point]] = [[] for _ in range(max(1, count))]
+    sizes = [0] * len(split)
+    for key in sorted(by_key, key=lambda k: -len(by_key[k])):  # stable: ties in the order first seen
+        lane = sizes.index(min(sizes))
+        split[lane].extend(by_key[key])
+        sizes[lane] += len(by_key[key])
     return split
 
 
