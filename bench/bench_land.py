@@ -308,11 +308,101 @@ class Trackio(Local):
         ]
 
 
+class Swanlab(Local):
+    """Its own client: ``swanlab.init(mode="offline", log_dir=<abs>, reinit=True)``,
+    ``swanlab.log(values, step=...)``, ``swanlab.finish()``; read back from the run's ``.swanlab``
+    record log (``tests/readers_swanlab.py``).  Ours writes under ``SWANLAB_LOG_DIR``."""
+
+    name = "swanlab"
+
+    def environment(self, where: Path) -> dict[str, str]:
+        return {"SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(where)}
+
+    def own(self, data: list[dict[str, float]], pace_s: float) -> tuple[float, int]:
+        import swanlab
+
+        self.count += 1
+        where = self.root / f"own-{self.count}"
+        swanlab.init(mode="offline", project="land", name=f"own-{self.count}", log_dir=str(where), reinit=True)
+        start = play(data, lambda values, step: swanlab.log(values, step=step), pace_s)
+        swanlab.finish()
+        return self.landed(start, where, data)
+
+    def read(self, where: Path) -> list[tuple[str, int, Any]]:
+        from tests import readers_swanlab
+
+        dirs = readers_swanlab.run_dirs(where)
+        if len(dirs) != 1:
+            raise AssertionError(f"{len(dirs)} runs in {where}")
+        return readers_swanlab.read_run(dirs[0]).scalars
+
+
+class Clearml(Local):
+    """Its own client: ``Task.set_offline(True)``, ``Task.init(...)`` (no repository detection,
+    resource monitor, stream or argparse hooks: ../shared/BACKENDS.md), one
+    ``logger.report_scalar(title, series, value, iteration=step)`` per value, split as our exporter
+    splits a key (``title_and_series``), then ``task.close()``; read back from the offline session's
+    ``metrics.jsonl`` (``tests/readers_clearml.py``).  Ours writes its session under a ``HOME`` of
+    its own (the bridge process is started with it); ``CLEARML_CONFIG_FILE`` (no reporting
+    subprocess) is the bench's, for both."""
+
+    name = "clearml"
+
+    def environment(self, where: Path) -> dict[str, str]:
+        where.mkdir(parents=True, exist_ok=True)
+        return {"HOME": str(where), "CLEARML_OFFLINE_MODE": "1"}
+
+    def own(self, data: list[dict[str, float]], pace_s: float) -> tuple[float, int]:
+        from clearml import Task
+
+        from otel_tracking.exporters.clearml import title_and_series
+
+        self.count += 1
+        Task.set_offline(True)
+        task = Task.init(
+            project_name="land",
+            task_name=f"own-{self.count}",
+            output_uri=False,
+            auto_connect_frameworks={"detect_repository": False},
+            auto_resource_monitoring=False,
+            auto_connect_streams=False,
+            auto_connect_arg_parser=False,
+        )
+        report = task.get_logger().report_scalar
+        split = {key: title_and_series(key) for key in data[0]}
+
+        def log(values: dict[str, float], step: int) -> None:
+            for key, value in values.items():
+                title, series = split[key]
+                report(title, series, value, step)
+
+        start = play(data, log, pace_s)
+        folder = Path(task.get_offline_mode_folder())
+        task.close()
+        return self.landed(start, folder, data)
+
+    def read(self, where: Path) -> list[tuple[str, int, Any]]:
+        from tests import readers_clearml
+
+        if not where.name.startswith("offline-"):  # ours: the one session under its HOME
+            folders = readers_clearml.session_dirs(where)
+            if len(folders) != 1:
+                raise AssertionError(f"{len(folders)} ClearML sessions under {where}")
+            where = folders[0]
+        # Back from (title, series) to the key: the workload's keys all hold a '/', split at the first.
+        return [
+            (f"{title}/{series}" if title != series else title, step, value)
+            for title, series, step, value in readers_clearml.read_session(where).user_scalars()
+        ]
+
+
 TRACKERS: dict[str, Callable[[Path, argparse.Namespace], Any]] = {
     "trackio": lambda root, args: Trackio(root),
     "mlflow": lambda root, args: Mlflow(root, args.mlflow_workers),
     "tensorboard": lambda root, args: Tensorboard(root),
     "wandb": lambda root, args: Wandb(root),
+    "swanlab": lambda root, args: Swanlab(root),
+    "clearml": lambda root, args: Clearml(root),
 }
 
 
