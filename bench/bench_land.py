@@ -2,6 +2,9 @@
 
     python bench/bench_land.py                          # MLflow, burst and paced, 3 rounds each
     python bench/bench_land.py --trackers mlflow,tensorboard --rounds 5
+    python bench/bench_land.py --trackers swanlab,clearml --label land-sc
+
+Trackers: mlflow, tensorboard, wandb, trackio, swanlab, clearml.
 
 For each tracker, in one run and alternating round by round: the tracker's own client doing the
 work, and ``Tracking([tracker])`` doing the same.  Two workloads:
@@ -20,7 +23,18 @@ MLflow runs against a real ``mlflow server`` (sqlite store, --mlflow-workers wor
 Its own client is the asynchronous one (``mlflow.log_metrics(..., synchronous=False)`` then
 ``mlflow.end_run()``): it merges queued calls into requests of up to 1,000 metrics.
 
-Results: bench/results/<date>-land.json and .md (load average before and after noted).
+The other trackers write local files, read back with their own readers (each class says how):
+
+  tensorboard  ``EventFileWriter``, one event per step, ``close()``; ``EventAccumulator``
+  wandb        ``wandb.init(mode="offline")``, ``run.log``, ``run.finish()``; the run's ``.wandb`` file
+  trackio      ``trackio.init(embed=False)``, ``trackio.log``, ``trackio.finish()``; ``SQLiteStorage``
+  swanlab      ``swanlab.init(mode="offline", log_dir=<abs>, reinit=True)``, ``swanlab.log``,
+               ``swanlab.finish()``; the run's ``.swanlab`` record log (``tests/readers_swanlab.py``)
+  clearml      ``Task.set_offline(True)``, ``Task.init``, ``logger.report_scalar(title, series, value,
+               iteration)`` per value (a key split as our exporter splits it), ``task.close()``; the
+               offline session's ``metrics.jsonl`` (``tests/readers_clearml.py``)
+
+Results: bench/results/<date>-<--label>.json and .md (load average before and after noted).
 """
 
 from __future__ import annotations
