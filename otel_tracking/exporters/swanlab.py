@@ -11,6 +11,8 @@ What lands where:
 * ``log(data, step)`` numbers -> ``run.log({key: value, ...}, step=step)``, keys exactly as written;
   NaN and +/-inf included (SwanLab stores them); bools as SwanLab stores them (1/0).  Non-number
   values are skipped: the reference passed them too, and SwanLab rejected each with an error line.
+  A step of plain numbers under keys SwanLab keeps as they are is emitted as the event ``run.log``
+  would emit, without its per-value checks (``_StepEvents``): the same records.
 * each finished ``trace_state`` span -> scalar ``timing_s/state/<name>`` at the span's step.
 * ``ml.validation.generations`` -> ``swanlab.echarts.Table`` with headers ``step, input, output,
   score`` and one row ``[step, input, output, score]`` per sample, logged as ``val/generations``.
