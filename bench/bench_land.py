@@ -2,6 +2,9 @@
 
     python bench/bench_land.py                          # MLflow, burst and paced, 3 rounds each
     python bench/bench_land.py --trackers mlflow,tensorboard --rounds 5
+    python bench/bench_land.py --trackers swanlab,clearml --label land-sc
+
+Trackers: mlflow, tensorboard, wandb, trackio, swanlab, clearml.
 
 For each tracker, in one run and alternating round by round: the tracker's own client doing the
 work, and ``Tracking([tracker])`` doing the same.  Two workloads:
@@ -20,7 +23,18 @@ MLflow runs against a real ``mlflow server`` (sqlite store, --mlflow-workers wor
 Its own client is the asynchronous one (``mlflow.log_metrics(..., synchronous=False)`` then
 ``mlflow.end_run()``): it merges queued calls into requests of up to 1,000 metrics.
 
-Results: bench/results/<date>-land.json and .md (load average before and after noted).
+The other trackers write local files, read back with their own readers (each class says how):
+
+  tensorboard  ``EventFileWriter``, one event per step, ``close()``; ``EventAccumulator``
+  wandb        ``wandb.init(mode="offline")``, ``run.log``, ``run.finish()``; the run's ``.wandb`` file
+  trackio      ``trackio.init(embed=False)``, ``trackio.log``, ``trackio.finish()``; ``SQLiteStorage``
+  swanlab      ``swanlab.init(mode="offline", log_dir=<abs>, reinit=True)``, ``swanlab.log``,
+               ``swanlab.finish()``; the run's ``.swanlab`` record log (``tests/readers_swanlab.py``)
+  clearml      ``Task.set_offline(True)``, ``Task.init``, ``logger.report_scalar(title, series, value,
+               iteration)`` per value (a key split as our exporter splits it), ``task.close()``; the
+               offline session's ``metrics.jsonl`` (``tests/readers_clearml.py``)
+
+Results: bench/results/<date>-<--label>.json and .md (load average before and after noted).
 """
 
 from __future__ import annotations
@@ -308,11 +322,101 @@ class Trackio(Local):
         ]
 
 
+class Swanlab(Local):
+    """Its own client: ``swanlab.init(mode="offline", log_dir=<abs>, reinit=True)``,
+    ``swanlab.log(values, step=...)``, ``swanlab.finish()``; read back from the run's ``.swanlab``
+    record log (``tests/readers_swanlab.py``).  Ours writes under ``SWANLAB_LOG_DIR``."""
+
+    name = "swanlab"
+
+    def environment(self, where: Path) -> dict[str, str]:
+        return {"SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(where)}
+
+    def own(self, data: list[dict[str, float]], pace_s: float) -> tuple[float, int]:
+        import swanlab
+
+        self.count += 1
+        where = self.root / f"own-{self.count}"
+        swanlab.init(mode="offline", project="land", name=f"own-{self.count}", log_dir=str(where), reinit=True)
+        start = play(data, lambda values, step: swanlab.log(values, step=step), pace_s)
+        swanlab.finish()
+        return self.landed(start, where, data)
+
+    def read(self, where: Path) -> list[tuple[str, int, Any]]:
+        from tests import readers_swanlab
+
+        dirs = readers_swanlab.run_dirs(where)
+        if len(dirs) != 1:
+            raise AssertionError(f"{len(dirs)} runs in {where}")
+        return readers_swanlab.read_run(dirs[0]).scalars
+
+
+class Clearml(Local):
+    """Its own client: ``Task.set_offline(True)``, ``Task.init(...)`` (no repository detection,
+    resource monitor, stream or argparse hooks: ../shared/BACKENDS.md), one
+    ``logger.report_scalar(title, series, value, iteration=step)`` per value, split as our exporter
+    splits a key (``title_and_series``), then ``task.close()``; read back from the offline session's
+    ``metrics.jsonl`` (``tests/readers_clearml.py``).  Ours writes its session under a ``HOME`` of
+    its own (the bridge process is started with it); ``CLEARML_CONFIG_FILE`` (no reporting
+    subprocess) is the bench's, for both."""
+
+    name = "clearml"
+
+    def environment(self, where: Path) -> dict[str, str]:
+        where.mkdir(parents=True, exist_ok=True)
+        return {"HOME": str(where), "CLEARML_OFFLINE_MODE": "1"}
+
+    def own(self, data: list[dict[str, float]], pace_s: float) -> tuple[float, int]:
+        from clearml import Task
+
+        from otel_tracking.exporters.clearml import title_and_series
+
+        self.count += 1
+        Task.set_offline(True)
+        task = Task.init(
+            project_name="land",
+            task_name=f"own-{self.count}",
+            output_uri=False,
+            auto_connect_frameworks={"detect_repository": False},
+            auto_resource_monitoring=False,
+            auto_connect_streams=False,
+            auto_connect_arg_parser=False,
+        )
+        report = task.get_logger().report_scalar
+        split = {key: title_and_series(key) for key in data[0]}
+
+        def log(values: dict[str, float], step: int) -> None:
+            for key, value in values.items():
+                title, series = split[key]
+                report(title, series, value, step)
+
+        start = play(data, log, pace_s)
+        folder = Path(task.get_offline_mode_folder())
+        task.close()
+        return self.landed(start, folder, data)
+
+    def read(self, where: Path) -> list[tuple[str, int, Any]]:
+        from tests import readers_clearml
+
+        if not where.name.startswith("offline-"):  # ours: the one session under its HOME
+            folders = readers_clearml.session_dirs(where)
+            if len(folders) != 1:
+                raise AssertionError(f"{len(folders)} ClearML sessions under {where}")
+            where = folders[0]
+        # Back from (title, series) to the key: the workload's keys all hold a '/', split at the first.
+        return [
+            (f"{title}/{series}" if title != series else title, step, value)
+            for title, series, step, value in readers_clearml.read_session(where).user_scalars()
+        ]
+
+
 TRACKERS: dict[str, Callable[[Path, argparse.Namespace], Any]] = {
     "trackio": lambda root, args: Trackio(root),
     "mlflow": lambda root, args: Mlflow(root, args.mlflow_workers),
     "tensorboard": lambda root, args: Tensorboard(root),
     "wandb": lambda root, args: Wandb(root),
+    "swanlab": lambda root, args: Swanlab(root),
+    "clearml": lambda root, args: Clearml(root),
 }
 
 

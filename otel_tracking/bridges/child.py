@@ -11,6 +11,7 @@ side is ``bridge_process.py``; the messages are listed in ``wire.py``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import signal
@@ -115,6 +116,10 @@ def _open_bridge(sink: Sink, settings: Settings, config: Any, inputs: dict[str, 
             with contextlib.suppress(Exception):
                 parts.finish(1)
         return
+    # The tracker's SDK is imported and its run is open: nearly everything on the heap now lives
+    # as long as this process.  Frozen, it is no longer walked by every full collection, which
+    # the objects of a burst of steps trigger (ClearML: about 0.15 s of a 200 x 200 burst).
+    gc.freeze()
     info = BridgeInfo(sink.metrics is not None, sink.spans is not None, sink.logs is not None, sink.where, sink.resume)
     replies.tell(Opened(sink.name, info))
 
