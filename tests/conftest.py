@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parents[1]
 # The reference lives beside the repository (shared/baseline); OTEL_TRACKING_SHARED overrides.
@@ -145,3 +146,13 @@ P99_SLACK_S = 0.002
 def p99_holds(failing: list[float], healthy: list[float]) -> bool:
     """Each side's best round: noise only ever adds latency."""
     return bool(failing) and min(failing) <= 2 * min(healthy) + P99_SLACK_S
+
+
+# What a training script passes to log() as a value, edge cases first: NaN, infinities, ints
+# beyond 64 bits, bools, and what is not a number (for the trackers' fast paths' fallbacks).
+STEP_VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.sampled_from(["a string", None]),
+)

@@ -11,21 +11,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import STEP_VALUES
 from tests.readers_swanlab import wait_for_run
 
 pytestmark = pytest.mark.backend
 
-_VALUES = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.integers(-(2**70), 2**70),
-    st.booleans(),
-    st.sampled_from(["a string", None]),
-)
 _KEYS = st.one_of(
     st.sampled_from(["loss", "a/b", "/lead", "trail/", " pad ", "a.", "ctl\x01", "ünï/cødé", "x" * 300]),
     st.text(max_size=6),
 )
-_STEPS = st.lists(st.tuples(st.dictionaries(_KEYS, _VALUES, max_size=5), st.integers(0, 30)), max_size=6)
+_STEPS = st.lists(st.tuples(st.dictionaries(_KEYS, STEP_VALUES, max_size=5), st.integers(0, 30)), max_size=6)
 _RUNS = iter(range(10**6))
 
 
