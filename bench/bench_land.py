@@ -460,7 +460,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 try:
                     # One unmeasured round of each side first: a client's first run in this process
                     # (MLflow's async logging starting, the first experiment on a fresh server)
-                    # took up to 1.4x as long as its later ones, and the own client always went first.
+                    # took up to 1.5x as long as its later ones, and the own client always went first.
                     for impl in ("own", "ours"):
                         getattr(tracker, impl)(workloads["burst"][0][:5], 0.0)
                     for label, (data, pace_s) in workloads.items():
