@@ -51,15 +51,14 @@ logger = logging.getLogger("otel_tracking")
 
 _MERGEABLE = ("spans", "logs")  # consecutive items of these kinds go out in one export call
 _MAX_MERGE = 512
-_MAX_GROUP = 256  # metric items handed to a deliver_many in one call
-# ... and at most this many scalars: about ten MLflow requests (1,000 metrics) for each of its four
-# lanes.  The lanes meet once a group, and a request of a big group holds few keys, each at many
-# steps, which MLflow's server writes faster (a latest-value row per key of a request): a 200-step
-# burst of 200 keys lands in about 3/4 of the time that groups of one request per lane took.  A
-# group is settled when its call returns, but each request that lands counts as progress
-# (``_progressed``) for finish()'s stall detector, so a slow backend that keeps delivering is not
-# given up in a long group.
-_GROUP_POINTS = 40_000
+_MAX_GROUP = 64  # metric items handed to a deliver_many in one call
+# ... and at most this many scalars: about one MLflow request (1,000 metrics) for each of its four
+# lanes.  A group is settled (and acknowledged to the training process) when its call returns, and
+# the training process's finish() counts acknowledgements as the bridge process's progress: a
+# group must take about as long as one request.  Groups of 40,000 land a burst in 3/4 of the time
+# (MLflow's server writes a request of few keys faster), but a slow backend then acknowledges
+# nothing for longer than finish()'s bound, and the training process gives the child up.
+_GROUP_POINTS = 4_000
 
 # What deliver_many says of each item: True (landed), False (nothing landed), or the payload of
 # what did not land (the item is then retried, or spooled, as that rest only).
