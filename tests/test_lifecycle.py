@@ -307,21 +307,22 @@ def test_finish_waits_for_a_slow_backend_for_as_long_as_it_keeps_delivering(
     caplog: pytest.LogCaptureFixture,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """Issue 19, item 4: MLflow takes at least 0.3 s a request (a proxy holds each chunk), so its
-    200 steps of 200 metrics (queued steps leave together, issue 22: still 40 requests of 1,000
-    metrics in groups of four at once, each 2 chunks, and 40,000 points for the sqlite store to
-    take) need longer than the 10 s finish timeout, and than that timeout and the 10 s the training
-    process gives the bridge process beyond it; it never stops making progress, so finish()
-    delivers every step (nothing spooled), saying what it waits for, and the run is complete."""
+    """Issue 19, item 4: MLflow takes at least 1 s a request (a proxy holds each chunk), so its 200
+    steps of 200 metrics (queued steps leave together, issue 22: 40 requests of 1,000 metrics,
+    four at once, each 2 chunks, one group of about 40,000 points) need far longer than the 3 s
+    finish timeout, and than that timeout and the 10 s the training process gives the bridge
+    process beyond it; it never stops making progress (a request lands about every half second,
+    though the group's steps are settled only when all of it landed), so finish() delivers every
+    step (nothing spooled), saying what it waits for, and the run is complete."""
     steps = 200
     keys = [f"actor/metric_{i}" for i in range(200)]
     monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", bridge_process)
-    # The bound for a backend that delivers nothing.  Four requests of 1,000 metrics in flight at
-    # a one-worker server land together, several seconds apart on a busy machine: 10 s, not 3.
-    monkeypatch.setenv("OTEL_TRACKING_FINISH_TIMEOUT", "10")
+    # The bound for a backend that delivers nothing: requests land about 0.5 s apart, seconds
+    # apart on a busy machine; the group takes over 20 s.
+    monkeypatch.setenv("OTEL_TRACKING_FINISH_TIMEOUT", "5")
     monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", "300")  # MLflow opens (slowly) before log()
     project = f"slow-{bridge_process}"
-    with DelayProxy(mlflow_server.port, delay_s=0.3) as proxy:
+    with DelayProxy(mlflow_server.port, delay_s=1.0) as proxy:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{proxy.port}")
         tracking = Tracking(project, "run", default_backend=["mlflow"])
         for step in range(steps):

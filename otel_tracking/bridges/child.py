@@ -34,6 +34,7 @@ from otel_tracking.bridges.wire import (
     Item,
     Open,
     Opened,
+    Progress,
     decode_item,
 )
 from otel_tracking.config.settings import Settings
@@ -71,7 +72,13 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     # Each sink's queue exists before its bridge opens: what arrives meanwhile waits there.
     sinks = {name: Sink(name, named_events_only=True) for name in names}
     for sink in sinks.values():
-        sink.start(sink_spool(sink, settings, parent), settings.delivery, done=replies.acknowledge, held=True)
+        sink.start(
+            sink_spool(sink, settings, parent),
+            settings.delivery,
+            done=replies.acknowledge,
+            held=True,
+            progressed=replies.progressed,
+        )
     replies.start()
     for sink in sinks.values():
         opener = threading.Thread(
@@ -179,17 +186,24 @@ class _Watchdog:
 
 class _Outbox:
     """The child's answers to the training process: replies, and the acknowledgements the sinks'
-    workers report, sent together every ``_ACK_INTERVAL_S`` by one small thread."""
+    workers report (or, while a group of items is under way, that a backend took part of it), sent
+    together every ``_ACK_INTERVAL_S`` by one small thread."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._lock = threading.Lock()
         self._acks: list[tuple[int, str, str]] = []
-        self.last_done = 0.0  # monotonic time a sink last reached the end of an item
+        self._progressed = False  # a backend took part of a group since the last message
+        self.last_done = 0.0  # monotonic time a sink last reached the end of an item, or of part of one
 
     def acknowledge(self, token: tuple[int, str], outcome: str) -> None:
         with self._lock:
             self._acks.append((*token, outcome))
+            self.last_done = time.monotonic()
+
+    def progressed(self) -> None:
+        with self._lock:
+            self._progressed = True
             self.last_done = time.monotonic()
 
     def send(self, message: Any) -> None:
@@ -204,9 +218,13 @@ class _Outbox:
             self.send(message)
 
     def _send_acks(self) -> None:
+        """(Under the lock.)  Acknowledgements say progress too: Progress only when there are none."""
         if self._acks:
             acks, self._acks = self._acks, []
             self._connection.send_bytes(pickle.dumps(Acks(acks), protocol=pickle.HIGHEST_PROTOCOL))
+        elif self._progressed:
+            self._connection.send_bytes(pickle.dumps(Progress(), protocol=pickle.HIGHEST_PROTOCOL))
+        self._progressed = False
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="otel-tracking-acks", daemon=True).start()

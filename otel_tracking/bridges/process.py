@@ -73,6 +73,7 @@ from otel_tracking.bridges.wire import (
     Flushed,
     Open,
     Opened,
+    Progress,
     Stuck,
     encode_item,
     write_frame,
@@ -125,7 +126,8 @@ class BridgeProcess:
         self._finished = False
         self._finished_ok = False  # the child answered "finished": its exit is not a death
         self._write_closed = False  # the pipe to the child is closing: a writer waiting for room gives up
-        self._last_ack = 0.0  # monotonic time of the child's last acknowledgement: finish() waits while they come
+        # Monotonic time the child last acknowledged items or said it progressed: finish() waits while it does.
+        self._last_ack = 0.0
         self._stats: dict[str, dict[str, int]] = {}
         # The start window: the child's "opened"/"failed" outcomes, until open() stops waiting.
         self._opening = threading.Condition()
@@ -324,6 +326,10 @@ class BridgeProcess:
             if isinstance(message, Acks):
                 self._acknowledged(message.acks)
                 continue
+            if isinstance(message, Progress):  # part of a group landed: the child is delivering
+                with self._ack_lock:
+                    self._last_ack = time.monotonic()
+                continue
             if isinstance(message, Finished):  # every backend finished: nothing is pending any more
                 self._finished_ok = True
                 with self._ack_lock:
@@ -464,7 +470,7 @@ class BridgeProcess:
     def finish(self, exit_code: int, timeout_s: float) -> None:
         """Hand over the rest, have the child drain and close every backend, collect its counts; once.
         The child drains each backend while it makes progress (``timeout_s`` is the bound for one
-        that delivers nothing), and this process waits for it while its acknowledgements come."""
+        that delivers nothing), and this process waits for it while its acknowledgements (or Progress) come."""
         if self._finished:
             return
         self._finished = True
@@ -539,6 +545,7 @@ class RemoteSink(Sink):
         policy: Policy | None = None,
         done: Callable[[Any, str], None] | None = None,
         held: bool = False,
+        progressed: Callable[[], None] | None = None,
     ) -> None:
         if spool is not None:  # the child spools to <sink>.jsonl; this side, only when the link fails
             spool = Spool(spool.path.with_suffix(".link.jsonl"), spool.header)

@@ -20,6 +20,9 @@ Bridge process -> training process:
     Failed(name, type_name, message, module, qualname)
     Acks([(seq, name, outcome), ...])            these items reached their end for that sink:
                                                  "delivered", "spooled" or "dropped"
+    Progress()                                   a backend took part of a group whose items are
+                                                 not acknowledged yet (finish() waits while
+                                                 acknowledgements or this come)
     Flushed(ok, request), Finished({sink: counts})
 
 An item goes out once, with the names of every sink it is for; ``seq`` numbers it for the
@@ -162,6 +165,11 @@ class Failed:
 @dataclass(frozen=True, slots=True)
 class Acks:
     acks: list[tuple[int, str, str]]  # (seq, sink name, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    pass
 
 
 @dataclass(frozen=True, slots=True)

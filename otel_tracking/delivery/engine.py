@@ -18,8 +18,8 @@ A sink that can take several steps in one call (``deliver_many``: MLflow packs t
 of up to 1,000 metrics) gets the run of metric items queued behind the first, up to ``_MAX_GROUP``
 items and ``_GROUP_POINTS`` scalars, in one call.  It says of each item
 whether it landed, or what of it did not (the rest of a step split over requests): only that rest
-is retried or spooled, so no point is sent twice, and the items are settled (and acknowledged) one
-by one.
+is retried or spooled, so no point is sent twice.  The items are settled (and acknowledged) when
+the call returns; each request that lands before that counts as the backend's progress.
 
 A worker can start *held*, for a backend that is still opening: its queue keeps what comes (a full
 queue spools, as always) and its thread waits; ``release()`` (opened) delivers it all in order,
@@ -51,14 +51,14 @@ logger = logging.getLogger("otel_tracking")
 
 _MERGEABLE = ("spans", "logs")  # consecutive items of these kinds go out in one export call
 _MAX_MERGE = 512
-_MAX_GROUP = 64  # metric items handed to a deliver_many in one call
-# ... and at most this many scalars: about one MLflow request (1,000 metrics) for each of its four
-# lanes.  A group is settled (and acknowledged to the training process) when its call returns, and
-# the training process's finish() counts acknowledgements as the bridge process's progress: a
-# group must take about as long as one request.  Groups of 40,000 land a burst in 3/4 of the time
-# (MLflow's server writes a request of few keys faster), but a slow backend then acknowledges
-# nothing for longer than finish()'s bound, and the training process gives the child up.
-_GROUP_POINTS = 4_000
+_MAX_GROUP = 256  # metric items handed to a deliver_many in one call
+# ... and at most this many scalars: a 200 x 200 burst in one call.  The bigger the group, the fewer
+# keys each of MLflow's requests holds (lanes group by key), and its server writes a request of few
+# keys faster: groups of 40,000 land a burst in 3/4 of the time groups of 4,000 take.  A group is
+# settled only when its call returns; each request that lands on the way counts as progress
+# (``progressed``: the bridge process tells the training process, whose finish() waits while it
+# hears of progress).
+_GROUP_POINTS = 40_000
 
 # What deliver_many says of each item: True (landed), False (nothing landed), or the payload of
 # what did not land (the item is then retried, or spooled, as that rest only).
@@ -244,7 +244,8 @@ class Worker:
     """The queue and thread of one sink.  ``deliver(kind, payload) -> bool`` is the sink's guarded
     export call; ``count(field, n)`` updates the sink's stats; ``done(token, outcome)``, when given,
     hears of every submitted item that reached its end (``outcome``: "delivered", "spooled" or
-    "dropped"), by the token it was submitted with.  ``held``: the backend is still opening (see
+    "dropped"), by the token it was submitted with; ``progressed()``, when given, hears when part
+    of a group landed before any of its items is settled.  ``held``: the backend is still opening (see
     :meth:`release`).  ``set_aside(kind, payload) -> outcome``, when given, keeps what cannot be
     delivered instead of ``spool`` (the bridge link spools an item for each bridge it is for).
 
@@ -263,8 +264,10 @@ class Worker:
         held: bool = False,
         set_aside: Callable[[str, Any], str] | None = None,
         deliver_many: Callable[[str, list[Any], Callable[[], None]], list[Landed]] | None = None,
+        progressed: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
+        self._heard_progress = progressed
         self._deliver = deliver
         self._deliver_many = deliver_many
         self._keep = set_aside
@@ -465,6 +468,8 @@ class Worker:
         with self._lock:
             self._last_delivery = time.monotonic()
             self._lock.notify_all()
+        if self._heard_progress is not None:
+            self._heard_progress()
 
     def _deliver_pending(self, kind: str, pending: list[_Entry]) -> list[_Entry]:
         """One attempt at the pending items: those that landed are settled; the others, narrowed

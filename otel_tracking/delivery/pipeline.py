@@ -164,13 +164,23 @@ class Sink:
         policy: Policy | None = None,
         done: Callable[[Any, str], None] | None = None,
         held: bool = False,
+        progressed: Callable[[], None] | None = None,
     ) -> None:
         """Give a non-inline sink its worker (the run does this once its spool path is known);
-        ``done(token, outcome)`` hears when each item submitted with a token reached its end.  A ``held``
-        sink's backend is still opening: its queue keeps what comes until :meth:`attach`."""
+        ``done(token, outcome)`` hears when each item submitted with a token reached its end, and
+        ``progressed()`` when part of a group of them landed.  A ``held`` sink's backend is still
+        opening: its queue keeps what comes until :meth:`attach`."""
         if not self.inline and self.worker is None:
             self.worker = Worker(
-                self.name, self.deliver, self.count, spool, policy, done, held=held, deliver_many=self.deliver_many
+                self.name,
+                self.deliver,
+                self.count,
+                spool,
+                policy,
+                done,
+                held=held,
+                deliver_many=self.deliver_many,
+                progressed=progressed,
             )
 
     def attach(self, parts: BridgeParts) -> bool:
