@@ -1,2 +1,1 @@
-"""The otel-tracking command: demo, replay, stack (loaded on demand). Imports everything below.
-"""
+"""The otel-tracking command: demo, replay, stack (loaded on demand). Imports everything below."""

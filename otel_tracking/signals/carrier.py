@@ -47,7 +47,6 @@ def has_span(ctx: Context | None = None) -> bool:
     return trace.get_current_span(ctx).get_span_context().is_valid
 
 
-
 def extract(carrier: Mapping[str, Any]) -> Context:
     """The context a carrier holds (W3C ``traceparent``/``baggage``), on top of an empty one."""
     return propagate.extract(dict(carrier), context=Context())
