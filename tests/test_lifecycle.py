@@ -309,7 +309,7 @@ def test_finish_waits_for_a_slow_backend_for_as_long_as_it_keeps_delivering(
 ) -> None:
     """Issue 19, item 4: MLflow takes at least 1 s a request (a proxy holds each chunk), so its 200
     steps of 200 metrics (queued steps leave together, issue 22: 40 requests of 1,000 metrics,
-    four at once, each 2 chunks, one group of about 40,000 points) need far longer than the 3 s
+    four at once, each 2 chunks, one group of about 40,000 points) need far longer than the 5 s
     finish timeout, and than that timeout and the 10 s the training process gives the bridge
     process beyond it; it never stops making progress (a request lands about every half second,
     though the group's steps are settled only when all of it landed), so finish() delivers every
