@@ -200,9 +200,9 @@ def test_the_limits_are_mlflows() -> None:
 
 
 def test_queued_steps_go_together_in_requests_of_up_to_a_thousand_metrics() -> None:
-    """Fifty 200-metric steps queued for a run still opening leave in groups of about 4,000
-    metrics (20, 20 and 10 steps), each in four requests, one per (balanced) lane: 12 requests,
-    against 200 (four lanes a step) without grouping and 50 with one request a step."""
+    """Fifty 200-metric steps queued for a run still opening leave in one group of 10,000
+    metrics, each of the four (balanced) lanes' 2,500 in three requests: 12 requests, against 200
+    (four lanes a step) without grouping and 50 with one request a step."""
     client = FaultyMlflowClient([False], mlflow_bridge.BATCH_LIMITS)
     session = mlflow_bridge.MlflowSession(client, "run", "0", "http://127.0.0.1:9", "proj")
     sink = Sink("mlflow", metrics=mlflow_bridge.EXPORTERS.metrics(session))
