@@ -374,6 +374,38 @@ def assert_kept(params: dict[str, str]) -> None:
     assert params["notes"] == REDACTED
 
 
+def test_what_code_sets_on_a_span_itself_is_scrubbed_on_the_way_out(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``trace_state`` yields its span: attributes, events, an exception and a status that code
+    sets on it are scrubbed as labels are, before any sink sees them (the file sink's events
+    file, OTLP), and what is not secret around them is kept."""
+    from opentelemetry.trace import Status, StatusCode
+
+    m = {name: "Zq" + random_secrets.token_hex(12) for name in ("url", "key", "event", "exception", "status")}
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        tracking = Tracking("scrub", "spans", default_backend=["file"])
+        with trace_state("upload", step=1) as span:
+            span.set_attribute("db.url", f"postgresql://u:{m['url']}@db/x")
+            span.set_attribute("hfToken", m["key"])
+            span.add_event("retry", {"request": f"https://h/api?access_token={m['event']}&page=2"})
+            span.record_exception(ValueError(f"cannot reach https://u:{m['exception']}@tracker.example"))
+            span.set_status(Status(StatusCode.ERROR, f"Authorization: Bearer {m['status']}abcdefgh"))
+        tracking.log({"loss": 1.0}, step=1)
+        tracking.finish()
+        found = received_leaks(m, receiver)
+        sent = next(s for s in receiver.received.spans() if s["name"] == "upload")
+    events_file = isolated / "scrub" / "spans.events.jsonl"
+    found += written_leaks(m, isolated)
+    assert found == [], found
+    assert sent["attributes"]["db.url"] == "postgresql://<redacted>@db/x"
+    assert sent["attributes"]["hfToken"] == REDACTED
+    written = [json.loads(line) for line in events_file.read_text().splitlines()]
+    assert any("https://h/api?access_token=<redacted>&page=2" in json.dumps(line) for line in written)
+    assert any("https://<redacted>@tracker.example" in json.dumps(line) for line in written)
+
+
 @pytest.mark.backend
 def test_a_planted_secret_appears_nowhere(
     isolated: Path,

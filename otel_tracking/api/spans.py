@@ -41,9 +41,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
+from otel_tracking.delivery.scrubbing import scrubbed_attributes
 from otel_tracking.runtime.step_roots import StepRoot
 from otel_tracking.signals.carrier import extract, has_span, with_identity
-from otel_tracking.signals.redact import REDACTED, is_secret_key, redact, scrub_text
+from otel_tracking.signals.redact import scrub_text
 from otel_tracking.signals.semconv import LABEL_PREFIX
 from otel_tracking.signals.semconv import LANE as LANE_ATTRIBUTE
 from otel_tracking.signals.semconv import STEP as STEP_ATTRIBUTE
@@ -72,8 +73,7 @@ def state_attributes(state_lane_id: Any, labels: dict[str, Any]) -> dict[str, An
     if state_lane_id is not None:
         attributes[LANE_ATTRIBUTE] = _attribute_value(state_lane_id)
     for name, value in labels.items():
-        # By key, then by value (a label may be a URL with credentials in it).
-        attributes[LABEL_PREFIX + name] = REDACTED if is_secret_key(name) else redact(_attribute_value(value))
+        attributes[LABEL_PREFIX + name] = _attribute_value(value)
     return attributes
 
 
@@ -107,8 +107,9 @@ class trace_state:
         attributes = self.attributes
         root = None
         if run is None:  # the application's own global TracerProvider (or the SDK is disabled)
+            # Not a run's provider, so nothing scrubs on the way out (delivery/scrubbing.py): here.
             span = trace.get_tracer("otel_tracking").start_span(
-                self.state_name, context=ctx, attributes=attributes, links=self.links
+                self.state_name, context=ctx, attributes=scrubbed_attributes(attributes) or attributes, links=self.links
             )
         else:
             if not has_span(ctx):
@@ -136,7 +137,8 @@ class trace_state:
                 run.open_spans.discard(span)
             if span.is_recording():  # not if the run's finish() ended it already
                 if isinstance(exc, Exception):
-                    # The message and traceback scrubbed: an error often quotes the URL it failed on.
+                    # The message and traceback scrubbed: an error often quotes the URL it failed on
+                    # (here too, not only on the way out, for an application's own provider).
                     message = scrub_text(str(exc))
                     span.record_exception(exc, attributes=_exception_attributes(exc, message))
                     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {message}"))

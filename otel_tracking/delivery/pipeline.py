@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -32,13 +31,13 @@ from otel_tracking.config.otel_compat import LogRecordProcessor, ReadableLogReco
 from otel_tracking.config.policy import Policy
 from otel_tracking.delivery.engine import Spool, Worker, item_count
 from otel_tracking.signals import semconv
-from otel_tracking.signals.redact import scrub_text
+from otel_tracking.signals.redact import scrubbed_logger
 from otel_tracking.signals.steps import StepBatch, materialize
 
 if TYPE_CHECKING:
     from otel_tracking.exporters._base import BridgeParts
 
-logger = logging.getLogger("otel_tracking")
+logger = scrubbed_logger()  # what it says is scrubbed (an endpoint or an error can quote credentials)
 
 
 @dataclass
@@ -299,7 +298,7 @@ class Sink:
             first = not self._warned
             self._warned = True
         message = "otel-tracking: sink %r failed to export %s%s"
-        detail = scrub_text(f": {type(error).__name__}: {error}") if error else ""
+        detail = f": {type(error).__name__}: {error}" if error else ""  # scrubbed by the logger
         if first:
             logger.warning(
                 message + " (further failures are counted in the summary at the end)", self.name, what, detail

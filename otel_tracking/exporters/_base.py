@@ -15,7 +15,6 @@ Threads, queues and retries are not the bridges' business: the layer around them
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -36,13 +35,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_tracking.config import settings
 from otel_tracking.config.otel_compat import LogRecordExporter, LogRecordExportResult
 from otel_tracking.signals import semconv
-from otel_tracking.signals.redact import scrub_text
+from otel_tracking.signals.redact import scrubbed_logger
 from otel_tracking.signals.semconv import STEP as STEP_ATTRIBUTE
 from otel_tracking.signals.semconv import STEP_SPAN_NAME
 from otel_tracking.signals.steps import OTHERS_ATTRIBUTE, STEP_METRIC, StepRecord
 from otel_tracking.signals.values import decode_others
 
-logger = logging.getLogger("otel_tracking")
+logger = scrubbed_logger()  # what it says is scrubbed (an endpoint or an error can quote credentials)
 
 
 # Gauges only report what was set since the last collection under DELTA: in a plain SDK setup, a
@@ -348,7 +347,7 @@ class _UsesSession:
         # is the training process's); later ones are counted by the sink and logged at DEBUG.
         first = not getattr(self, "_said_why", False)
         self._said_why = True
-        message = scrub_text(f"{type(error).__name__}: {error}")
+        message = f"{type(error).__name__}: {error}"  # scrubbed by the logger
         if first:
             logger.warning("otel-tracking: %s: %s export failed: %s", type(self).__name__, what, message)
         logger.debug(

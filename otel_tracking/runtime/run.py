@@ -41,13 +41,14 @@ from otel_tracking.delivery.pipeline import (
     finish_sinks,
     flush_sinks,
 )
+from otel_tracking.delivery.scrubbing import ScrubbingLogProcessor, ScrubbingSpanProcessor
 from otel_tracking.delivery.spool_files import sink_spool
 from otel_tracking.runtime import lifecycle
 from otel_tracking.runtime.step_roots import StepRoots
 from otel_tracking.signals import semconv
 from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
 from otel_tracking.signals.ids import ID_GENERATOR
-from otel_tracking.signals.redact import redact, redact_attributes, scrub_strings
+from otel_tracking.signals.redact import scrub_strings
 from otel_tracking.signals.semconv import ENDED_BY
 from otel_tracking.signals.steps import LatestValues, StepBatch
 from otel_tracking.signals.values import checked_others, split_values, step_as_logged, to_step
@@ -194,9 +195,9 @@ class Run:
         ]
 
         self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False, id_generator=ID_GENERATOR)
-        self.tracer_provider.add_span_processor(SinkSpanProcessor(self.all_sinks))
+        self.tracer_provider.add_span_processor(ScrubbingSpanProcessor(SinkSpanProcessor(self.all_sinks)))
         self.logger_provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
-        self.logger_provider.add_log_record_processor(SinkLogProcessor(self.all_sinks))
+        self.logger_provider.add_log_record_processor(ScrubbingLogProcessor(SinkLogProcessor(self.all_sinks)))
         # OTEL_SDK_DISABLED turns off OTLP and the OTEL_*_EXPORTER sinks (settings.py decides); the
         # backends named in default_backend still get spans and events, so these providers must
         # not hand out no-op tracers and loggers as the SDK's would under that variable.
@@ -299,14 +300,9 @@ class Run:
     def emit_event(self, event_name: str, body: Any, attributes: Mapping[str, Any] | None = None) -> None:
         if self.finished or self.pid != os.getpid():
             return
-        # Generations are model text, yet an agent's prompt can carry a tool's key: scanned too
-        # (~1 ms per 100 kB, once per validation step; see redact.py).
-        self.event_logger.emit(
-            event_name=event_name,
-            body=redact(body),
-            attributes=redact_attributes(attributes or {}),
-            timestamp=time.time_ns(),
-        )
+        # Scrubbed on the way out (delivery/scrubbing.py): generations are model text, yet an
+        # agent's prompt can carry a tool's key.
+        self.event_logger.emit(event_name=event_name, body=body, attributes=attributes or {}, timestamp=time.time_ns())
 
     # --- the end ---------------------------------------------------------------------------------
 

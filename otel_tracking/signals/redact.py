@@ -61,6 +61,7 @@ is outside our reach.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -126,6 +127,8 @@ def key_words(key: str) -> list[str]:
     return [word for word in _SEPARATORS.split(_HUMPS.sub("_", key).lower()) if word]
 
 
+# Every span's attribute keys are looked at (delivery/scrubbing.py): the same few, again and again.
+@functools.lru_cache(maxsize=4096)
 def is_secret_key(key: object) -> bool:
     if not isinstance(key, str):
         return False

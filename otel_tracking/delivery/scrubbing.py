@@ -1,0 +1,120 @@
+"""Credentials scrubbed once, where every span and log record leaves a run.
+
+Two wrappers, as Logfire wraps its own processors: :class:`ScrubbingSpanProcessor` and
+:class:`ScrubbingLogProcessor` apply ``signals/redact.py``'s rules (by key, then by value) to what
+any code set on a span or record before it reaches the run's sinks: ``trace_state`` labels,
+attributes set on the span it yields, exception events and the error status, event bodies and
+attributes.  Nothing is scrubbed before that, and nothing after: a sink, the spool, the bridge
+process and OTLP all get what passed here.  A span with nothing to scrub goes on as it is; one
+with something is copied (the SDK's spans are read-only once ended).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import Link, Status
+
+from otel_tracking.config.otel_compat import LogRecordProcessor, ReadWriteLogRecord
+from otel_tracking.signals.redact import REDACTED, is_secret_key, redact, scrub_value
+
+
+def scrubbed_attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``attributes`` with each secret key's value replaced and every string scrubbed; None when
+    nothing changed (the common case: no copy)."""
+    if not attributes:
+        return None
+    changed: dict[str, Any] | None = None
+    for key, value in attributes.items():
+        if is_secret_key(key):
+            clean = REDACTED
+        elif isinstance(value, str):
+            clean = scrub_value(value)
+        elif isinstance(value, (list, tuple)):
+            clean = redact(value)
+        else:  # numbers and bools: nothing to scrub
+            continue
+        if clean != value:
+            if changed is None:
+                changed = dict(attributes)
+            changed[key] = clean
+    return changed
+
+
+def scrubbed_span(span: ReadableSpan) -> ReadableSpan:
+    """``span``, or a copy of it with its attributes, events, links and status scrubbed."""
+    attributes = scrubbed_attributes(span.attributes)
+    span_events, span_links, status = span.events, span.links, span.status
+    events = span_events and _scrubbed_all(span_events, lambda event, clean: Event(event.name, clean, event.timestamp))
+    links = span_links and _scrubbed_all(span_links, lambda link, clean: Link(link.context, clean))
+    if status.description and scrub_value(status.description) != status.description:
+        status = Status(status.status_code, scrub_value(status.description))
+    if attributes is None and not events and not links and status is span.status:
+        return span
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=attributes or span.attributes,
+        events=events or span_events,
+        links=links or span_links,
+        kind=span.kind,
+        status=status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+def _scrubbed_all(items: Sequence[Any], rebuild: Callable[[Any, dict[str, Any]], Any]) -> list[Any] | None:
+    """Events or links, each rebuilt with its attributes scrubbed where they had something to
+    scrub; None when none had."""
+    cleaned = [scrubbed_attributes(item.attributes) for item in items]
+    if all(clean is None for clean in cleaned):
+        return None
+    return [item if clean is None else rebuild(item, clean) for item, clean in zip(items, cleaned, strict=True)]
+
+
+class ScrubbingSpanProcessor(SpanProcessor):
+    """Hands ``inner`` each ended span scrubbed."""
+
+    def __init__(self, inner: SpanProcessor) -> None:
+        self._inner = inner
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self._inner.on_start(span, parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._inner.on_end(scrubbed_span(span))
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class ScrubbingLogProcessor(LogRecordProcessor):
+    """Scrubs each emitted record's body and attributes (a processor may change the record it
+    is given), then hands it to ``inner``."""
+
+    def __init__(self, inner: LogRecordProcessor) -> None:
+        self._inner = inner
+
+    def on_emit(self, log_record: ReadWriteLogRecord) -> None:
+        record = log_record.log_record
+        record.body = redact(record.body)
+        attributes = scrubbed_attributes(record.attributes)
+        if attributes is not None:
+            record.attributes = attributes
+        self._inner.on_emit(log_record)
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
