@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking.delivery.engine import Damaged, Policy, Spool, read_spool
 from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.exporters._base import BridgeParts
 
 _tracer = TracerProvider().get_tracer("invariant")
 
@@ -71,7 +72,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             path = self.root / "not-a-dir" / "t.jsonl"  # mkdir fails: every spool write fails
         self.spool_writable = spool_writable
         self.exporter = FaultyExporter()
-        self.sink = Sink("t", spans=self.exporter)
+        self.sink = Sink("t", BridgeParts(spans=self.exporter))
         policy = Policy(
             queue_size=queue_size,
             max_attempts=attempts,

@@ -82,6 +82,7 @@ from otel_tracking.config.settings import ConfigError, Settings
 from otel_tracking.delivery.engine import Ledger, Policy, Spool, Worker, item_count, set_aside
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.registry import bridge_inputs
+from otel_tracking.exporters._base import BridgeParts
 from otel_tracking.signals.redact import redact_config, scrub_text
 
 logger = logging.getLogger("otel_tracking")
@@ -533,7 +534,7 @@ class RemoteSink(Sink):
 
     def __init__(self, link: BridgeProcess, name: str, info: BridgeInfo) -> None:
         # Its exporters are in the child: what it takes is what the child said its bridge takes.
-        super().__init__(name, where=info.where, named_events_only=True, resume=info.resume)
+        super().__init__(name, BridgeParts(where=info.where, resume=info.resume), named_events_only=True)
         self.info = info
         self.link = link
         self.carrier = link  # what the run hands it goes to the link, once for all the bridges

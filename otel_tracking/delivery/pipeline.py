@@ -19,23 +19,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 from otel_tracking.config.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
 from otel_tracking.config.policy import Policy
 from otel_tracking.delivery.engine import Spool, Worker, item_count
+from otel_tracking.exporters._base import BridgeParts
 from otel_tracking.signals import semconv
 from otel_tracking.signals.redact import scrubbed_logger
 from otel_tracking.signals.steps import StepBatch, materialize
-
-if TYPE_CHECKING:
-    from otel_tracking.exporters._base import BridgeParts
 
 logger = scrubbed_logger()  # what it says is scrubbed (an endpoint or an error can quote credentials)
 
@@ -122,40 +120,43 @@ def _method(exporter: Any, name: str) -> Callable[..., Any] | None:
 
 
 class Sink:
-    """One backend's exporters, guarded and counted; inline or behind a worker."""
+    """One backend, guarded and counted; inline or behind a worker.  ``parts``: its exporters, the
+    call that ends its run, where it writes, how to reattach (what a bridge's ``open_bridge``
+    returns); none yet for a bridge still opening (:meth:`attach`).  ``inline``: called on the
+    caller's thread (file, console: on disk when log() returns).  ``named_events_only``: an ML
+    bridge writes an event (generations, tables) only when the caller named its backend in the
+    ``ml.backends`` attribute, as the reference did; file and OTLP record every event.
+    ``policy``: this sink's own retry policy, instead of the run's."""
 
     def __init__(
         self,
         name: str,
-        metrics: MetricExporter | None = None,
-        spans: SpanExporter | None = None,
-        logs: Any = None,
-        on_finish: Callable[[int], None] | None = None,
-        where: str | None = None,
-        named_events_only: bool = False,
+        parts: BridgeParts | None = None,
+        *,
         inline: bool = False,
-        resume: dict[str, Any] | None = None,
+        named_events_only: bool = False,
         policy: Policy | None = None,
     ) -> None:
         self.name = name
-        # ML bridges write an event (generations, tables) only when the caller named their backend
-        # in its ``ml.backends`` attribute, as the reference did; file and OTLP record every event.
+        self.inline = inline
         self.named_events_only = named_events_only
-        self.exporters = Exporters.of(metrics, spans, logs)
-        self.where = where  # shown to the user at the end of a run: where this sink wrote
-        self.inline = inline  # called on the caller's thread (file, console): on disk when log() returns
-        self.resume = resume  # what replay needs to reattach to this backend's run (e.g. an MLflow run id)
+        self.policy = policy
+        self._take(parts or BridgeParts())
         # Told (name, resume) when a bridge opened after the run started: the run's reattach record.
         self.on_resume: Callable[[str, dict[str, Any] | None], Any] | None = None
-        self.policy = policy  # this sink's own retry policy, instead of the run's
         self.carrier: Carrier | None = None  # set when its exporters are elsewhere (see export_to)
-        self._on_finish = on_finish
         self.stats = SinkStats()
         self.worker: Worker | None = None
         self._lock = threading.Lock()
         self._warned = False
         self._finished = False
         self._sealed = False  # finished past its exporters: a bridge opening now is too late
+
+    def _take(self, parts: BridgeParts) -> None:
+        self.exporters = Exporters.of(parts.metrics, parts.spans, parts.logs)
+        self._on_finish = parts.finish
+        self.where = parts.where  # shown to the user at the end of a run: where this sink wrote
+        self.resume = parts.resume  # what replay needs to reattach to this backend's run (an MLflow run id)
 
     def start(
         self,
@@ -189,10 +190,7 @@ class Sink:
         with self._lock:
             if self._sealed:
                 return False
-            self.exporters = Exporters.of(parts.metrics, parts.spans, parts.logs)
-            self._on_finish = parts.finish
-            self.where = parts.where
-            self.resume = parts.resume
+            self._take(parts)
         if self.on_resume is not None:
             self.on_resume(self.name, parts.resume)
         if self.worker is not None:

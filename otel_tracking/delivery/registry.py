@@ -15,15 +15,13 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from otel_tracking.config.otlp_failures import explain_failures
 from otel_tracking.config.settings import ConfigError, Settings, describe_otlp
 from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.exporters._base import BridgeParts
 from otel_tracking.signals.redact import redact_config, scrub_text
-
-if TYPE_CHECKING:
-    from otel_tracking.exporters._base import BridgeParts
 
 SUPPORTED_BACKENDS: tuple[str, ...] = (
     "wandb",
@@ -93,21 +91,18 @@ def build_sink(
         where = [f"{files.path.resolve()} (metrics)"] if metrics else []
         if wanted & {"traces", "logs"}:
             where.append(f"{files.events_path.resolve()} (spans, events)")
-        return Sink(
-            "file",
+        parts = BridgeParts(
             metrics=FileMetricExporter(files) if metrics else None,
             spans=FileSpanExporter(files),
             logs=FileLogExporter(files),
-            inline=True,
             where=", ".join(where),
         )
+        return Sink("file", parts, inline=True)
     if name == "console":
         from otel_tracking.exporters.console import ConsoleMetricExporter
 
-        return Sink("console", metrics=ConsoleMetricExporter(), where="stdout", inline=True)
-    sink = Sink(name, named_events_only=True)
-    sink.attach(open_bridge(name, settings, config, resume))
-    return sink
+        return Sink("console", BridgeParts(metrics=ConsoleMetricExporter(), where="stdout"), inline=True)
+    return Sink(name, open_bridge(name, settings, config, resume), named_events_only=True)
 
 
 # The variables that say where a tracker writes (never its credentials): the spool header keeps
@@ -338,14 +333,14 @@ def build_otlp_sinks(settings: Settings, remembered: Mapping[str, str] | None = 
             endpoint = remembered[signal]
             signal_args = {**args, "endpoint": endpoint}
             signal_where = f"OTLP {otlp.protocol} -> {endpoint} (the run's endpoint, kept in its spool)"
-        sinks[signal] = Sink(
-            f"otlp-{signal}",
+        parts = BridgeParts(
             **{_SINK_ARGUMENT[signal]: explain_failures(one_try_per_export(exporters[signal](**signal_args)))},
             where=signal_where,
             # In the spool header: replay sends to the same endpoint unless a variable says
             # otherwise (not one with credentials in it: those stay off the disk).
             resume={"endpoint": endpoint if scrub_text(endpoint) == endpoint else None, "protocol": otlp.protocol},
         )
+        sinks[signal] = Sink(f"otlp-{signal}", parts)
     return sinks
 
 
@@ -451,13 +446,13 @@ def _env_sink(name: str, signals: set[str], settings: Settings, config: Any) -> 
         sink.exporters = sink.exporters.only({_SINK_ARGUMENT[signal] for signal in signals})
         return sink
     exporters = {signal: _load_entry_point(signal, name)() for signal in signals}
-    return Sink(
-        name,
+    parts = BridgeParts(
         metrics=exporters.get("metrics"),
         spans=exporters.get("traces"),
         logs=exporters.get("logs"),
         where=f"OpenTelemetry exporter {name!r}",
     )
+    return Sink(name, parts)
 
 
 def _load_entry_point(signal: str, name: str) -> Any:
