@@ -31,6 +31,7 @@ from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.registry import (
     SUPPORTED_BACKENDS,
     WRITTEN_AT_ONCE,
+    RunConfig,
     build_checked_sink,
     build_env_sinks,
     build_otlp_sinks,
@@ -94,6 +95,7 @@ class Tracking:
             check_bridge(name, settings)
         check_env_sinks(settings, taken=names)
         _say_resume(settings)
+        run_config = RunConfig.of(config)  # redacted once, for every backend
         built: dict[str, Sink] = {}
         extra: list[Sink] = []
         periodic: list[Sink] = []
@@ -101,11 +103,11 @@ class Tracking:
             # The ML bridges in one child process (bridge_process.py), the rest here; the file and
             # console sinks last, as nothing after them can fail.
             if bridges and settings.bridge_process:
-                built.update(zip(bridges, start_bridges(bridges, settings, config), strict=True))
+                built.update(zip(bridges, start_bridges(bridges, settings, run_config), strict=True))
             local = [n for n in names if n not in built and n != "rl_insight"]
             for name in sorted(local, key=lambda n: n in WRITTEN_AT_ONCE):
-                built[name] = build_checked_sink(name, settings, config)
-            extra, periodic = build_env_sinks(settings, config, taken=names)
+                built[name] = build_checked_sink(name, settings, run_config)
+            extra, periodic = build_env_sinks(settings, run_config, taken=names)
             otlp = build_otlp_sinks(settings)
             sinks = [built[n] for n in names if n in built] + extra
             self._run = Run(settings, sinks, otlp_sinks=otlp, periodic_sinks=periodic)

@@ -39,6 +39,7 @@ from otel_tracking.bridges.wire import (
 )
 from otel_tracking.config.settings import Settings
 from otel_tracking.delivery.pipeline import Sink, finish_sinks, flush_sinks
+from otel_tracking.delivery.registry import RunConfig
 
 _ACK_INTERVAL_S = 0.05
 _TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not
@@ -66,7 +67,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
         opening: Open = pickle.loads(inbox.recv_bytes())
     except (OSError, EOFError):
         return 1  # the training process died before it asked for anything
-    settings, config, inputs, names = opening.settings, opening.config, opening.inputs, opening.names
+    settings, config, names = opening.settings, opening.config, opening.names
     sys.argv = opening.argv
     watchdog = _Watchdog(parent, settings.finish_timeout_s + GRACE_S, replies)
     # Each sink's queue exists before its bridge opens: what arrives meanwhile waits there.
@@ -83,7 +84,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     for sink in sinks.values():
         opener = threading.Thread(
             target=_open_bridge,
-            args=(sink, settings, config, inputs, replies),
+            args=(sink, settings, config, replies),
             name=f"otel-tracking-open-{sink.name}",
         )
         opener.daemon = True  # an open stuck on a hung server must not keep the process alive
@@ -104,7 +105,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     return 1
 
 
-def _open_bridge(sink: Sink, settings: Settings, config: Any, inputs: dict[str, str], replies: _Outbox) -> None:
+def _open_bridge(sink: Sink, settings: Settings, config: RunConfig, replies: _Outbox) -> None:
     """Open one tracker (a slow or hung one delays no other) and tell the training process how
     it went; its held items are then delivered in order, or spooled if it failed."""
     from otel_tracking.delivery.registry import import_sdk, open_checked_bridge
@@ -112,7 +113,7 @@ def _open_bridge(sink: Sink, settings: Settings, config: Any, inputs: dict[str, 
     try:
         with _IMPORTING:
             import_sdk(sink.name)
-        parts = open_checked_bridge(sink.name, settings, config, inputs)
+        parts = open_checked_bridge(sink.name, settings, config, in_bridge_process=True)
     except BaseException as error:  # the top of this thread: every error is the bridge's outcome
         sink.give_up()
         kind = type(error)

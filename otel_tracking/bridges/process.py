@@ -81,9 +81,9 @@ from otel_tracking.bridges.wire import (
 from otel_tracking.config.settings import ConfigError, Settings
 from otel_tracking.delivery.engine import Ledger, Policy, Spool, Worker, item_count, set_aside
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.registry import bridge_inputs
+from otel_tracking.delivery.registry import RunConfig
 from otel_tracking.exporters._base import BridgeParts
-from otel_tracking.signals.redact import redact_config, scrub_text
+from otel_tracking.signals.redact import scrub_text
 
 logger = logging.getLogger("otel_tracking")
 
@@ -169,19 +169,17 @@ class BridgeProcess:
 
     # --- start -----------------------------------------------------------------------------------
 
-    def open(self, names: Sequence[str], config: Any) -> list[RemoteSink]:
+    def open(self, names: Sequence[str], config: RunConfig) -> list[RemoteSink]:
         """Have the child open the named bridges (each on its own thread) and wait for them up to
         the start window; their remote sinks, in order.  A bridge that fails within the window
         raises here, as it would in one process; one still opening after it opens in the
         background (one warning names it) and its items wait for it in the child."""
         settings = replace(self.settings, env=dict(self.settings.env))
-        # sys.argv too: trackers record the training script (MLflow's source tags).
-        # The config redacted, with what the bridges use as is (wandb's proxy) beside it; argv
-        # scrubbed (trackers record it; Hydra overrides can carry a token).
+        # sys.argv too, scrubbed: trackers record the training script (MLflow's source tags), and
+        # Hydra overrides can carry a token.
         opening = Open(
             settings,
-            _picklable(redact_config(config)),
-            bridge_inputs(config),
+            replace(config, recorded=_picklable(config.recorded)),
             list(names),
             [scrub_text(arg) for arg in sys.argv],
         )
@@ -613,7 +611,7 @@ class RemoteSink(Sink):
             self._spool.close()
 
 
-def start_bridges(names: Sequence[str], settings: Settings, config: Any) -> list[RemoteSink]:
+def start_bridges(names: Sequence[str], settings: Settings, config: RunConfig) -> list[RemoteSink]:
     link = BridgeProcess(settings)
     try:
         return link.open(names, config)

@@ -6,9 +6,9 @@ of the dataclasses below.
 
 Training process -> bridge process (``bridge_process.py`` sends, ``bridge_child.py`` reads):
 
-    Open(settings, config, inputs, names, argv)  the first message: open these bridges (config
-                                                 redacted; inputs: what bridges use as is, e.g.
-                                                 wandb's proxy; argv scrubbed)
+    Open(settings, config, names, argv)          the first message: open these bridges (config: a
+                                                 registry.RunConfig, redacted, with what bridges
+                                                 use as is, e.g. wandb's proxy; argv scrubbed)
     Item(kind, seq, names, body)                 a log() call ("metrics", body: StepBody), or a
                                                  batch of spans or log records (codec's encoding)
     Flush(timeout_s, request)                    answered by Flushed(ok, request)
@@ -93,8 +93,7 @@ _POLL_SLICE_S = 0.2  # how often a writer waiting for room looks whether it was 
 @dataclass(frozen=True, slots=True)
 class Open:
     settings: Any  # settings.Settings
-    config: Any
-    inputs: dict[str, str]
+    config: Any  # registry.RunConfig
     names: list[str]
     argv: list[str]
 

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from otel_tracking.config.otlp_failures import explain_failures
@@ -69,7 +70,7 @@ _GROUPS = {
 
 
 def build_sink(
-    name: str, settings: Settings, config: Any, resume: Any = None, signals: Iterable[str] | None = None
+    name: str, settings: Settings, config: RunConfig, resume: Any = None, signals: Iterable[str] | None = None
 ) -> Sink:
     """The sink for one of our backend names (not ``rl_insight``, which is the OTLP path);
     ``signals``: the ones it is built for (default: all three)."""
@@ -159,24 +160,33 @@ def with_destination(env: Mapping[str, str], header_destination: Mapping[str, st
 
 
 def build_checked_sink(
-    name: str, settings: Settings, config: Any, resume: Any = None, signals: Iterable[str] | None = None
+    name: str, settings: Settings, config: RunConfig, resume: Any = None, signals: Iterable[str] | None = None
 ) -> Sink:
     """:func:`build_sink`, with the errors a user can act on said plainly."""
     with _plain_errors(name):
         return build_sink(name, settings, config, resume, signals)
 
 
-def bridge_inputs(config: Any) -> dict[str, str]:
-    """The config values a bridge *uses* rather than records, taken before redaction: today
-    ``trainer.wandb_proxy`` (wandb must reach its proxy with the credentials in its URL, while
-    the config it records says ``http://<redacted>@proxy:8080``).  Never logged or recorded."""
-    inputs: dict[str, str] = {}
-    trainer = config.get("trainer") if isinstance(config, Mapping) or _mapping_like(config) else None
-    if isinstance(trainer, Mapping) or _mapping_like(trainer):
-        proxy = trainer.get("wandb_proxy")  # type: ignore[union-attr]
-        if proxy:
-            inputs["wandb_proxy"] = str(proxy)
-    return inputs
+@dataclass(frozen=True)
+class RunConfig:
+    """The run's config as the bridges get it, made once, where ``Tracking`` takes it: redacted
+    (``recorded``: what trackers record, as params or the run's config), and the values a bridge
+    uses as they are (``inputs``, taken before redaction: today ``trainer.wandb_proxy``, which
+    wandb must reach with the credentials in its URL while the config it records says
+    ``http://<redacted>@proxy:8080``), never logged or recorded."""
+
+    recorded: Any = None
+    inputs: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: Any) -> RunConfig:
+        inputs: dict[str, str] = {}
+        trainer = config.get("trainer") if isinstance(config, Mapping) or _mapping_like(config) else None
+        if isinstance(trainer, Mapping) or _mapping_like(trainer):
+            proxy = trainer.get("wandb_proxy")  # type: ignore[union-attr]
+            if proxy:
+                inputs["wandb_proxy"] = str(proxy)
+        return cls(redact_config(config), inputs)
 
 
 def _mapping_like(value: Any) -> bool:
@@ -185,10 +195,9 @@ def _mapping_like(value: Any) -> bool:
 
 
 def open_bridge(
-    name: str, settings: Settings, config: Any, resume: Any = None, inputs: Mapping[str, str] | None = None
+    name: str, settings: Settings, config: RunConfig, resume: Any = None, in_bridge_process: bool = False
 ) -> BridgeParts:
-    """Open one tracker's run (this may take long: imports, a server); its exporters.  ``inputs``
-    are :func:`bridge_inputs` when ``config`` is already redacted (in the bridge process)."""
+    """Open one tracker's run (this may take long: imports, a server); its exporters."""
     if name not in _BRIDGES:
         raise ConfigError(f"{name!r} is not a backend; supported: {', '.join(SUPPORTED_BACKENDS)}")
     check_bridge(name, settings)
@@ -201,25 +210,25 @@ def open_bridge(
     context = BridgeContext(
         project=settings.project,
         experiment=settings.experiment,
-        config=redact_config(config),
-        inputs=bridge_inputs(config) if inputs is None else dict(inputs),
+        config=config.recorded,
+        inputs=dict(config.inputs),
         env=settings.env,
         run_id=settings.run_id,
         resume=resume,
         attempt=settings.attempt,
         continuing=continuing,
-        in_bridge_process=inputs is not None,  # only the bridge process hands inputs over
+        in_bridge_process=in_bridge_process,
     )
     parts: BridgeParts = _bridge_module(name).open_bridge(context)
     return parts
 
 
 def open_checked_bridge(
-    name: str, settings: Settings, config: Any, inputs: Mapping[str, str] | None = None
+    name: str, settings: Settings, config: RunConfig, in_bridge_process: bool = False
 ) -> BridgeParts:
     """:func:`open_bridge`, with the errors a user can act on said plainly."""
     with _plain_errors(name):
-        return open_bridge(name, settings, config, inputs=inputs)
+        return open_bridge(name, settings, config, in_bridge_process=in_bridge_process)
 
 
 @contextlib.contextmanager
@@ -410,7 +419,7 @@ def check_env_sinks(settings: Settings, taken: Iterable[str]) -> None:
             _load_entry_point(signal, name)
 
 
-def build_env_sinks(settings: Settings, config: Any, taken: Iterable[str]) -> tuple[list[Sink], list[Sink]]:
+def build_env_sinks(settings: Settings, config: RunConfig, taken: Iterable[str]) -> tuple[list[Sink], list[Sink]]:
     """Sinks for the non-OTLP names in OTEL_*_EXPORTER: (per-step sinks, periodic metric sinks).
 
     One of our backend names joins the run for the signals it is named for (unless the facade
@@ -440,7 +449,7 @@ def _is_step_exporter(exporter: Any) -> bool:
     return isinstance(exporter, StepMetricExporter)
 
 
-def _env_sink(name: str, signals: set[str], settings: Settings, config: Any) -> Sink:
+def _env_sink(name: str, signals: set[str], settings: Settings, config: RunConfig) -> Sink:
     if name in SUPPORTED_BACKENDS and name != "rl_insight":
         sink = build_checked_sink(name, settings, config, signals=signals)
         sink.exporters = sink.exporters.only({_SINK_ARGUMENT[signal] for signal in signals})

@@ -53,7 +53,7 @@ def _logged_order(path: Path) -> tuple[str, str, int, str]:
 
 
 def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Sink:
-    from otel_tracking.delivery.registry import build_otlp_sinks, build_sink, with_destination
+    from otel_tracking.delivery.registry import RunConfig, build_otlp_sinks, build_sink, with_destination
 
     e = with_destination(os.environ if env is None else env, header.get("destination") or {})
     name = str(header["sink"])
@@ -73,7 +73,7 @@ def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None
         signal = _OTLP[name]
         remembered = {signal: str(resume["endpoint"])} if resume.get("endpoint") else None
         return build_otlp_sinks(settings, remembered)[signal]
-    return build_sink(name, settings, config=None, resume=header.get("resume"))
+    return build_sink(name, settings, RunConfig(), resume=header.get("resume"))
 
 
 class Progress:

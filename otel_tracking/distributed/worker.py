@@ -135,14 +135,14 @@ def _app_has_provider() -> bool:
 
 def _build(ctx: Context | None) -> Run | None:
     global _disabled_pid
-    from otel_tracking.delivery.registry import build_env_sinks, build_otlp_sinks
+    from otel_tracking.delivery.registry import RunConfig, build_env_sinks, build_otlp_sinks
 
     settings = worker_settings(ctx)
     if settings.sdk_disabled:
         _disabled_pid = os.getpid()
         return None
     otlp = build_otlp_sinks(settings)
-    step_sinks, periodic = build_env_sinks(settings, None, taken=())
+    step_sinks, periodic = build_env_sinks(settings, RunConfig(), taken=())
     if "traces" not in otlp and not any(sink.spans is not None for sink in step_sinks):
         otlp["traces"] = _spool_only_traces(settings)
     run = Run(settings, step_sinks, otlp_sinks=otlp, periodic_sinks=periodic, driver=False)
