@@ -568,7 +568,7 @@ def cost_kinds(intervals_ms: list[float], spans_per_call: Sequence[int] = ()) ->
     return {**kinds, **calls, "sdk": {"kind": "sdk"}, "bare": {"kind": "none"}}
 
 
-CALLS_EXPORT_INTERVAL_S = 0.1  # a worker run's default (settings.WORKER_EXPORT_INTERVAL_S)
+CALLS_EXPORT_INTERVAL_S = 0.1  # a worker run's default (distributed/environment.py WORKER_EXPORT_INTERVAL_S)
 
 
 def part_cost(workers: Workers, args: argparse.Namespace) -> dict[str, Any]:

@@ -15,10 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otel_tracking import ConfigError, Tracking
+from otel_tracking.config.paths import spool_dir, spool_root
 from otel_tracking.config.resume import RunRecord, record_name
-from otel_tracking.config.settings import build_settings, build_worker_settings, spool_dir, spool_root
+from otel_tracking.config.settings import build_settings
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.spool_files import sink_spool
+from otel_tracking.distributed.environment import build_worker_settings
 
 
 def _nested(depth: int) -> dict:

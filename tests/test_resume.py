@@ -443,7 +443,7 @@ def test_a_resume_value_that_cannot_be_used_is_a_config_error(
 def test_a_worker_joins_the_drivers_attempt() -> None:
     """Worker processes get the attempt from the driver's baggage (or the resource attributes that
     ``propagated_env`` hands them) and never look for records of their own."""
-    from otel_tracking.config.settings import build_worker_settings, propagated_env
+    from otel_tracking.distributed.environment import build_worker_settings, propagated_env
 
     assert build_worker_settings({"ml.run.id": "r-1", "ml.run.attempt": "3"}).attempt == 3
     env = propagated_env({"ml.run.id": "r-1", "ml.run.attempt": "2"}, env={"OTEL_TRACKING_RESUME": "auto"})

@@ -1,6 +1,8 @@
-"""The runtime's variables (``OTEL_*``, ``OTEL_TRACKING_*``) are read here; the README's design notes
-say which other module reads which variable (each bridge its backend's, replay its destinations,
-the CLI its own, the verl switch, the stack's cache).
+"""The runtime's variables (``OTEL_*``, ``OTEL_TRACKING_*``) are read here, but for those that say
+where files go (``paths.py``) and the set a driver hands its workers
+(``distributed/environment.py``); the README's design notes say which other module reads which
+variable (each bridge its backend's, replay its destinations, the CLI its own, the verl switch, the
+stack's cache).
 
 The facade builds one :class:`Settings` per run from explicit arguments plus the environment; the
 exporters, which must also work when a plain OpenTelemetry SDK constructs them with no arguments,
@@ -10,22 +12,19 @@ variable's name, at construction time, rather than a traceback from deep inside 
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import socket
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
 
 from opentelemetry.util.re import parse_env_headers
 
+from otel_tracking.config import paths
 from otel_tracking.config.policy import Policy
 from otel_tracking.config.resume import NEVER, Resumed, is_run_id, looks_like_a_mode, parse_mode
 from otel_tracking.signals import semconv
-from otel_tracking.signals.carrier import extract_env, identity_from
 from otel_tracking.signals.redact import redact_header_values, scrub_text
 
 # The OTel exporter names we understand in OTEL_*_EXPORTER besides our own backends.
@@ -263,9 +262,9 @@ def build_settings(
         finish_timeout_s=_number(e, "OTEL_TRACKING_FINISH_TIMEOUT", 30.0, minimum=0.0),
         start_timeout_s=_number(e, "OTEL_TRACKING_START_TIMEOUT", 5.0, minimum=0.0),
         bridge_process=_bool(e, "OTEL_TRACKING_BRIDGE_PROCESS", default=True),
-        spool_dir=spool_dir(project, experiment, run_id, e),
-        file_path=file_sink_path(project, experiment, e),
-        tensorboard_dir=tensorboard_dir(project, experiment, e),
+        spool_dir=paths.spool_dir(project, experiment, run_id, e),
+        file_path=paths.file_sink_path(project, experiment, e),
+        tensorboard_dir=paths.tensorboard_dir(project, experiment, e),
         role=e.get("OTEL_TRACKING_ROLE") or None,
         resume=mode,
         attempt=resumed.attempt if resumed else 1,
@@ -283,8 +282,8 @@ def _find_resumed(
     if mode == NEVER:
         return None
     target = run_id if run_id else resume.AUTO
-    project_dir = spool_dir(project, experiment, "x", env).parent
-    experiment_dirname = spool_dir(project, experiment, "x", env).name[: -len("-x")]
+    project_dir = paths.spool_dir(project, experiment, "x", env).parent
+    experiment_dirname = paths.spool_dir(project, experiment, "x", env).name[: -len("-x")]
     return resume.find(project_dir, experiment_dirname, project, experiment, rank, target)
 
 
@@ -316,35 +315,6 @@ def _number(env: Mapping[str, str], name: str, default: float, minimum: float) -
     return value
 
 
-def spool_root(env: Mapping[str, str] | None = None) -> Path:
-    raw = _env(env).get("OTEL_TRACKING_SPOOL_DIR")
-    return Path(os.path.expanduser(raw or "~/.cache/otel-tracking/spool"))
-
-
-def spool_dir(project: str, experiment: str, run_id: str, env: Mapping[str, str] | None = None) -> Path:
-    """<OTEL_TRACKING_SPOOL_DIR or ~/.cache/otel-tracking/spool>/<project>/<experiment>-<run id>/,
-    each part by :func:`path_part`: whatever the names, the directory is inside the spool root."""
-    return spool_root(env) / path_part(project) / f"{path_part(experiment)}-{path_part(run_id)}"
-
-
-_UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
-_MAX_PART = 100
-
-
-def path_part(name: str) -> str:
-    """A name as one directory entry that stays where it is put: every character outside
-    ``A-Za-z0-9_.-`` becomes ``_``; a name of dots only (``.``, ``..``) or none becomes
-    underscores; a name longer than 100 characters is cut to 87 plus ``-`` and 12 hex digits of
-    its SHA-1 (names that differ stay apart)."""
-    safe = _UNSAFE_PATH_CHARS.sub("_", name)
-    if not safe.strip("."):
-        safe = "_" * max(1, len(safe))
-    if len(safe) > _MAX_PART:
-        digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-        safe = f"{safe[: _MAX_PART - 13]}-{digest}"
-    return safe
-
-
 def _rank(env: Mapping[str, str]) -> int | None:
     """The first of RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID that is set (an empty one is not);
     a value that is not an integer is an error, not a reason to look at the next one."""
@@ -372,24 +342,6 @@ def _run_id(env: Mapping[str, str]) -> str | None:
     return raw
 
 
-# --- per-sink settings, shared by the facade and by exporters built with no arguments ---------
-
-
-def file_sink_path(project: str, experiment: str, env: Mapping[str, str] | None = None) -> Path:
-    """The reference's rules: VERL_FILE_LOGGER_PATH, else <VERL_FILE_LOGGER_ROOT or .>/<project>/<experiment>.jsonl."""
-    e = _env(env)
-    explicit = e.get("VERL_FILE_LOGGER_PATH")
-    if explicit is not None:
-        return Path(explicit)
-    root = Path(os.path.expanduser(e.get("VERL_FILE_LOGGER_ROOT", ".")))
-    return root / project / f"{experiment}.jsonl"
-
-
-def tensorboard_dir(project: str, experiment: str, env: Mapping[str, str] | None = None) -> Path:
-    e = _env(env)
-    return Path(e.get("TENSORBOARD_DIR", f"tensorboard_log/{project}/{experiment}"))
-
-
 def identity_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
     """(project, experiment) for an exporter built by a plain OTel SDK setup: from
     OTEL_RESOURCE_ATTRIBUTES (ml.project / ml.experiment), else the service name, else defaults."""
@@ -400,87 +352,6 @@ def identity_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
     project = attributes.get(semconv.PROJECT) or e.get("OTEL_SERVICE_NAME") or "otel-tracking"
     experiment = attributes.get(semconv.EXPERIMENT) or "run"
     return project, experiment
-
-
-WORKER_EXPORT_INTERVAL_S = 0.1  # a worker run's default OTEL_BSP_SCHEDULE_DELAY
-
-
-def build_worker_settings(
-    identity: Mapping[str, str],
-    project: str | None = None,
-    experiment: str | None = None,
-    force_otlp: bool = False,
-    env: Mapping[str, str] | None = None,
-) -> Settings:
-    """Settings for a process without ``Tracking`` (a Ray worker, a rollout server, a subprocess):
-    the run identity from the caller's baggage (``identity``), else from the environment
-    (``BAGGAGE``, ``OTEL_TRACKING_RUN_ID``, ``OTEL_RESOURCE_ATTRIBUTES`` with ``ml.project``, ``ml.experiment``,
-    ``ml.run.id``, as ``ray_tracing.runtime_env`` sets them), else defaults; explicit arguments win."""
-    e = dict(_env(env))
-    if not identity:  # a subprocess handed its context in TRACEPARENT / BAGGAGE
-        identity = identity_from(extract_env(e))
-    attributes: dict[str, str] = {}
-    if "OTEL_RESOURCE_ATTRIBUTES" in e:
-        attributes = parse_key_value_list(e["OTEL_RESOURCE_ATTRIBUTES"], "OTEL_RESOURCE_ATTRIBUTES")
-    default_project, default_experiment = identity_from_env(e)
-    # The run id a caller's baggage names is used as it is (only its spool path is made safe): a
-    # worker's span must not fail on what another process sent.  OTEL_TRACKING_RUN_ID is checked.
-    run_id = identity.get(semconv.RUN_ID) or (None if "OTEL_TRACKING_RUN_ID" in e else attributes.get(semconv.RUN_ID))
-    settings = build_settings(
-        project or identity.get(semconv.PROJECT) or default_project,
-        experiment or identity.get(semconv.EXPERIMENT) or default_experiment,
-        (),
-        env=e,
-        force_otlp=force_otlp,
-        resume=NEVER,  # a worker joins the driver's attempt; it never looks for records of its own
-        run_id=run_id or None,
-    )
-    attempt = identity.get(semconv.RUN_ATTEMPT) or attributes.get(semconv.RUN_ATTEMPT)
-    if attempt and str(attempt).isdigit() and int(attempt) > 1:
-        settings = replace(settings, attempt=int(attempt))
-    if "OTEL_BSP_SCHEDULE_DELAY" not in e:
-        # Workers open spans by the hundred a second: one OTLP request each would cost a third of
-        # a core (bench/bench_workers.py); batched every 100 ms, ~6%.
-        settings = replace(settings, delivery=replace(settings.delivery, export_interval_s=WORKER_EXPORT_INTERVAL_S))
-    return settings
-
-
-# What a worker process needs to export as the driver does: the OTLP and otel-tracking settings.
-# Header variables carry credentials: passed on only when asked (a node-local agent needs none).
-_PROPAGATED_PREFIXES = ("OTEL_EXPORTER_OTLP_", "OTEL_TRACKING_", "OTEL_METRIC_EXPORT_", "OTEL_BSP_", "OTEL_BLRP_")
-_PROPAGATED_NAMES = (
-    "OTEL_SERVICE_NAME",
-    "OTEL_RESOURCE_ATTRIBUTES",
-    "OTEL_TRACES_EXPORTER",
-    "OTEL_METRICS_EXPORTER",
-    "OTEL_LOGS_EXPORTER",
-    "OTEL_PROPAGATORS",
-    "OTEL_SDK_DISABLED",
-    "VERL_RL_INSIGHT_ENABLE",
-)
-
-
-def propagated_env(
-    identity: Mapping[str, str], headers: bool = False, env: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The variables to hand a worker process (e.g. through a Ray ``runtime_env``): this process's
-    OTel and otel-tracking settings, plus the run identity (``OTEL_TRACKING_RUN_ID`` and
-    ``ml.project``/``ml.experiment``/``ml.run.id`` in ``OTEL_RESOURCE_ATTRIBUTES``)."""
-    e = _env(env)
-    out = {
-        name: value
-        for name, value in e.items()
-        if (name in _PROPAGATED_NAMES or name.startswith(_PROPAGATED_PREFIXES))
-        and (headers or not name.endswith("_HEADERS"))
-    }
-    out.pop("OTEL_TRACKING_ROLE", None)  # each worker says its own
-    if identity:
-        attributes = parse_key_value_list(out.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES")
-        attributes.update(identity)
-        out["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(f"{quote(k)}={quote(v)}" for k, v in attributes.items())
-        if identity.get(semconv.RUN_ID):
-            out["OTEL_TRACKING_RUN_ID"] = identity[semconv.RUN_ID]
-    return out
 
 
 def rl_insight_enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -494,9 +365,3 @@ def describe_otlp(settings: Settings) -> str:
     headers = redact_header_values(o.header_names)
     endpoint = scrub_text(o.endpoint) if o.endpoint else "default endpoint"  # https://user:pw@collector
     return f"OTLP {o.protocol} -> {endpoint} ({', '.join(signals)}){headers}"
-
-
-def targets_dir(env: Mapping[str, str] | None = None) -> Path | None:
-    """Where scrape-target files go (the collector's file_sd directory), if configured."""
-    raw = _env(env).get("OTEL_TRACKING_SCRAPE_TARGETS_DIR")
-    return Path(os.path.expanduser(raw)) if raw else None

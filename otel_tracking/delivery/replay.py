@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from otel_tracking.config.settings import build_settings, spool_root
+from otel_tracking.config.paths import spool_root
+from otel_tracking.config.settings import build_settings
 from otel_tracking.delivery.engine import Damaged, Spool, item_count, read_spool, unframe
 from otel_tracking.delivery.pipeline import Sink
 

@@ -7,7 +7,8 @@ import logging
 import os
 import threading
 
-from otel_tracking.config.settings import Settings, path_part
+from otel_tracking.config.paths import path_part
+from otel_tracking.config.settings import Settings
 from otel_tracking.delivery.engine import Spool
 from otel_tracking.delivery.pipeline import Sink
 

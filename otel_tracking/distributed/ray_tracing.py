@@ -187,7 +187,7 @@ def runtime_env(
     the run identity (of ``tracking``, else of the current run), merged under ``base``'s own
     ``env_vars``.  OTLP header variables (credentials) are passed only with ``headers=True``: a
     node-local agent (``deploy/``) needs none, and Ray shows runtime environments in its dashboard."""
-    from otel_tracking.config.settings import propagated_env
+    from otel_tracking.distributed.environment import propagated_env
     from otel_tracking.runtime.run import current_run
 
     run = tracking._run if tracking is not None else current_run()

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from otel_tracking.config import settings
+from otel_tracking.config import paths
 
 
 def scrape_targets(
@@ -62,7 +62,7 @@ def register_scrape_targets(
     addresses: list[str], job_name: str | None, labels: list[dict[str, Any] | None] | None
 ) -> list[dict[str, Any]]:
     groups = scrape_targets(addresses, job_name, labels)
-    directory = settings.targets_dir()
+    directory = paths.targets_dir()
     if directory is not None:
         write_targets_file(directory, job_name, groups)
     return groups

@@ -46,7 +46,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking.config.settings import Settings, build_worker_settings
+from otel_tracking.config.settings import Settings
+from otel_tracking.distributed.environment import build_worker_settings
 from otel_tracking.runtime.run import Run, current_run, inherited_identity
 from otel_tracking.signals.carrier import identity_from
 

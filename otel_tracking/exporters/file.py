@@ -46,7 +46,7 @@ import orjson
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking.config import settings
+from otel_tracking.config import paths, settings
 from otel_tracking.config.otel_compat import LogRecordExporter, LogRecordExportResult, ReadableLogRecord
 from otel_tracking.exporters._base import StepMetricExporter, StepRecord, hex_id, span_duration_s
 
@@ -67,7 +67,7 @@ class FileSink:
         """``attempt``: this run resumes an earlier one (append, and mark where this attempt starts);
         ``run_id``: names this run's own files when another live run holds the plain ones."""
         if path is None:
-            path = settings.file_sink_path(*settings.identity_from_env())
+            path = paths.file_sink_path(*settings.identity_from_env())
         self.path = Path(path)
         self.attempt = attempt
         self.run_id = run_id or str(os.getpid())
@@ -203,7 +203,7 @@ _shared_lock = threading.Lock()
 def shared_sink() -> FileSink:
     """The process's one FileSink for exporters built with no arguments (a plain OTel SDK setup
     builds the span and the log exporter separately; they write one events file)."""
-    path = settings.file_sink_path(*settings.identity_from_env()).resolve()
+    path = paths.file_sink_path(*settings.identity_from_env()).resolve()
     with _shared_lock:
         sink = _shared.get(path)
         if sink is None:

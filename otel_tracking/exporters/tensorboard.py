@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from otel_tracking.config import settings
+from otel_tracking.config import paths
 from otel_tracking.exporters._base import (
     BridgeContext,
     BridgeParts,
@@ -114,7 +114,7 @@ class TensorboardSession(BridgeSession):
     @classmethod
     def open(cls, context: BridgeContext) -> TensorboardSession:
         """The session; its event file is created by the first write (or :meth:`create_file`)."""
-        directory = settings.tensorboard_dir(context.project, context.experiment, context.env)
+        directory = paths.tensorboard_dir(context.project, context.experiment, context.env)
         if context.in_bridge_process:
             checksums_in_c()
         return cls(directory, purge_at_first_step=context.continuing)
