@@ -100,7 +100,7 @@ class Tracking:
         extra: list[Sink] = []
         periodic: list[Sink] = []
         try:
-            # The ML bridges in one child process (bridge_process.py), the rest here; the file and
+            # The ML bridges in one child process (bridges/process.py), the rest here; the file and
             # console sinks last, as nothing after them can fail.
             if bridges and settings.bridge_process:
                 built.update(zip(bridges, start_bridges(bridges, settings, run_config), strict=True))

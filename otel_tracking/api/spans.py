@@ -10,7 +10,7 @@ The span nests under whatever span is current (OTel context lives in contextvars
 and each asyncio task has its own nesting) and carries the lane as ``ml.lane`` and each label as
 ``ml.label.<name>``.  It is recorded by the most recent unfinished run of this process; in a
 process without ``Tracking`` (a Ray worker, a rollout server) by the process's worker run
-(``worker.py``: OTLP per the standard variables), unless the application installed a global
+(``distributed/worker.py``: OTLP per the standard variables), unless the application installed a global
 TracerProvider of its own, which then records it.
 
 Outside a run on the driver: a span before ``Tracking()`` goes to the

@@ -5,7 +5,7 @@ reports each outcome; it hands every item it gets to ordinary :class:`Sink` obje
 retry, spool, as in one process), acknowledging each once that sink delivered or spooled it; it
 answers ``flush`` and ``finish``; and it ends on its own, as a crash, once the training process
 is gone (a watchdog makes sure of that whatever the bridges are doing).  The training process's
-side is ``bridge_process.py``; the messages are listed in ``wire.py``.
+side is ``process.py``; the messages are listed in ``wire.py``.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ dies within the window (killed, a tracker SDK crashing at its import) is one war
 on and every item for its bridges is spooled here.  A watchdog thread ends the child once the
 training process is gone, whatever the child is doing.
 
-This module is the training process's side (the link); the child is ``bridge_child.py`` and the
+This module is the training process's side (the link); the child is ``child.py`` and the
 messages between them are listed in ``wire.py``.
 
 ``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the bridges in the training process instead (for

@@ -4,7 +4,7 @@ Two pipes, one pickled message a frame (``multiprocessing.connection.Connection`
 training process writes its frames without blocking, :func:`write_frame`).  Every message is one
 of the dataclasses below.
 
-Training process -> bridge process (``bridge_process.py`` sends, ``bridge_child.py`` reads):
+Training process -> bridge process (``process.py`` sends, ``child.py`` reads):
 
     Open(settings, config, names, argv)          the first message: open these bridges (config: a
                                                  registry.RunConfig, redacted, with what bridges

@@ -122,7 +122,7 @@ class Settings:
     delivery: Policy = field(default_factory=Policy)
     finish_timeout_s: float = 30.0
     start_timeout_s: float = 5.0  # how long Tracking() waits for the bridge process to open the trackers
-    bridge_process: bool = True  # the ML bridges run in a child process (bridge_process.py)
+    bridge_process: bool = True  # the ML bridges run in a child process (bridges/process.py)
     spool_dir: Path = Path("spool")
     spool_writable: bool | None = None  # None: not checked yet (spool_files.check_spool_dir)
     file_path: Path | None = None

@@ -5,10 +5,10 @@ exporters that share a backend session.  This layer hands them data and keeps on
 failure or slowness from reaching the training loop or the other backends.  Every export is
 guarded and counted; a sink whose data must be on disk when ``log()`` returns (file, console) is
 called inline, every other sink gets a :class:`~otel_tracking.delivery.engine.Worker` (bounded queue,
-retry with backoff, spool).  Of the threads that export, the workers live in ``delivery.py`` and
+retry with backoff, spool).  Of the threads that export, the workers live in ``engine.py`` and
 the periodic OTLP gauge export here (:class:`PeriodicExport`); the bridge process's link and
-child and run.py's SIGTERM watcher have their own (the README's "Never block, never lose" lists
-them).
+child, the SIGTERM watcher (``runtime/lifecycle.py``) and the actor drain
+(``distributed/drain.py``) have their own (the README's "Never block, never lose" lists them).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def _wrap(func: Callable[..., Any], method: bool) -> Callable[..., Any]:
         return attach(kwargs.pop(CARRIER_KWARG, None))
 
     # Ray may end this process with _exit as soon as its caller has the result, running no Python
-    # code first (see worker.py): each wrapper returns (or raises, or ends its stream) only after
+    # code first (see distributed/worker.py): each wrapper returns (or raises, or ends its stream) only after
     # the spans of the call have left, unless its caller will ask for them first (drain.py).
     wrapper: Callable[..., Any]
     if inspect.isasyncgenfunction(func):

@@ -153,11 +153,11 @@ class Run:
         """``sinks`` get every log() call; ``otlp_sinks`` ("metrics"/"traces"/"logs") and
         ``periodic_sinks`` are observability exporters: spans and log records as they end, gauges
         as a periodic export of the latest values.  A ``driver`` run (the one ``Tracking`` builds)
-        roots each step's trace in a step span; a worker run (see ``worker.py``) continues the
+        roots each step's trace in a step span; a worker run (see ``distributed/worker.py``) continues the
         traces handed to it and leaves the process's signal handlers alone."""
         self.settings = settings
         self.driver = driver
-        self.process_worker = False  # the run worker.py builds for a process without Tracking
+        self.process_worker = False  # the run distributed/worker.py builds for a process without Tracking
         self.identity = {
             semconv.PROJECT: settings.project,
             semconv.EXPERIMENT: settings.experiment,

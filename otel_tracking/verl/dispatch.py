@@ -119,7 +119,7 @@ def _attach(carrier: Any, args: tuple[Any, ...]) -> Any:
 
 
 def _at_call_end() -> None:
-    # Ray ends a worker with _exit a few ms after its driver lets go (worker.py says why): what a
+    # Ray ends a worker with _exit a few ms after its driver lets go (distributed/worker.py says why): what a
     # call recorded leaves before the call returns, unless its caller will ask for it (drain.py).
     from otel_tracking.distributed.drain import at_call_end
 
