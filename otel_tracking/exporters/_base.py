@@ -478,12 +478,6 @@ TIMING_PREFIX = "timing_s/state/"
 SLOWEST_SUFFIX = "/slowest"
 
 
-def phase_spans(spans: Sequence[Any]) -> list[Any]:
-    """The spans whose durations trackers receive as timing scalars: every ``trace_state`` phase,
-    not the driver's per-step root span (verl logs its own ``timing_s/step``)."""
-    return [span for span in spans if span.name != STEP_SPAN_NAME]
-
-
 def span_step(span: Any, fallback_step: int) -> int:
     """The step a span belongs to: its ``ml.step`` attribute (the step in progress when it
     started), else ``fallback_step``."""
@@ -637,7 +631,6 @@ __all__: Sequence[str] = [
     "StepTimings",
     "bridge_exporters",
     "hex_id",
-    "phase_spans",
     "sample_parts",
     "span_duration_s",
     "span_step",

@@ -46,10 +46,11 @@ need patterns of our own.  The patterns here follow those plugins, widened for n
 
 **Where it applies**: the config every backend gets (``redact_config``); ``log()`` values that
 are not numbers (strings, however nested, by value only: ``log()`` keys name metrics, not
-settings); ``trace_state`` labels; exception messages and
-tracebacks recorded on spans; event bodies and attributes (validation generations included: they
-are model text, but an agent's prompt can carry a tool's key; scanning costs 5-10 ms per 100 kB
-of text that has an ``@`` or ``=`` in it, less without, once per validation step); resource
+settings); every span and log record, once, on its way out of the run
+(``delivery/scrubbing.py``: attributes, labels among them, events, exceptions and status of a
+span; body and attributes of an event, validation generations included: they are model text, but
+an agent's prompt can carry a tool's key; scanning costs 5-10 ms per 100 kB of text that has an
+``@`` or ``=`` in it, less without, once per validation step); resource
 attributes; the argv the bridge process hands to trackers; the OTLP endpoint we show; and every
 record our loggers emit (:class:`ScrubFilter`, on each of them: a logger's filter does not see
 its children's records).  Numbers are never touched.  A credential glued to a word
@@ -290,11 +291,6 @@ def redact_config(config: Any) -> Any:
     """A copy of ``config`` (dicts, lists, dataclasses, OmegaConf-like mappings) with secrets
     replaced, by key and by value.  The caller's config is not modified."""
     return redact(config)
-
-
-def redact_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
-    """OTel attributes (flat: str, bool, int, float or sequences of them) with secrets replaced."""
-    return {k: (REDACTED if is_secret_key(k) else redact(v)) for k, v in attributes.items()}
 
 
 def _is_mapping_like(value: Any) -> bool:
