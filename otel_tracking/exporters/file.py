@@ -48,7 +48,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking.config import paths, settings
 from otel_tracking.config.otel_compat import LogRecordExporter, LogRecordExportResult, ReadableLogRecord
-from otel_tracking.exporters._base import StepMetricExporter, StepRecord, hex_id, span_duration_s
+from otel_tracking.exporters._base import StepMetricExporter, StepRecord, hex_id
+from otel_tracking.exporters.timings import span_duration_s
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 

@@ -18,7 +18,7 @@ What lands where (the reference is verl's ``Tracking(..., default_backend="mlflo
   +/-inf to +/-``sys.float_info.max`` (as it did for the reference).  Bools are stored as 1.0/0.0.
 * spans: finished ``trace_state`` spans are the metric ``timing_s/state/<name>`` (seconds), once
   per step at the spans' step (with ``.../slowest`` for a phase several lanes ran:
-  ``_base.StepTimings``), and each one an MLflow trace span (the same conversion MLflow's OTLP endpoint does),
+  ``timings.StepTimings``), and each one an MLflow trace span (the same conversion MLflow's OTLP endpoint does),
   logged to the run's experiment; a trace is linked to the run when its root span arrives.
 * events: ``ml.validation.generations`` becomes the artifact ``val_step{N}.json`` at the run's
   artifact root, ``[{"input", "output", "score"}, ...]``, byte-for-byte as the reference wrote it.
@@ -63,12 +63,12 @@ from otel_tracking.exporters._base import (
     BridgeParts,
     BridgeSession,
     Event,
-    PhaseTiming,
     StepRecord,
     bridge_exporters,
     sample_parts,
 )
 from otel_tracking.exporters._batching import Limits, Point, send_in_lanes
+from otel_tracking.exporters.timings import PhaseTiming
 from otel_tracking.signals import semconv
 from otel_tracking.signals.redact import scrubbed_logger
 from otel_tracking.signals.semconv import GENERATIONS_EVENT, STEP_SPAN_NAME
@@ -502,7 +502,7 @@ class MlflowSession(BridgeSession):
         return self.log_metrics([(key, seconds)], step, int(time.time() * 1000))
 
     def write_spans(self, spans: Sequence[ReadableSpan]) -> bool:
-        """The timing metrics of the steps these spans close (``_base.StepTimings``), and every span
+        """The timing metrics of the steps these spans close (``timings.StepTimings``), and every span
         as an MLflow trace span.  One failing does not keep the other from being tried."""
         ok = self.write_timings(self.step_timings.add(spans, self._span_step))
         try:

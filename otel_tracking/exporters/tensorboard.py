@@ -11,7 +11,7 @@ What lands where (the reference wrote the same through ``torch.utils.tensorboard
 * non-number values: skipped.  The reference passed them to ``add_scalar``, which raised on the
   first one and lost the rest of that step (a documented fix);
 * finished spans: the scalars ``timing_s/state/<name>`` (and ``.../slowest`` for a phase run by
-  several lanes) once per step, at the spans' ``ml.step`` (``_base.StepTimings``);
+  several lanes) once per step, at the spans' ``ml.step`` (``timings.StepTimings``);
 * validation generations: the reference's markdown text at the event's step, as
   ``SummaryWriter.add_text`` stores it: tag ``val/generations/text_summary``, a one-element
   ``DT_STRING`` tensor with plugin ``text`` (TensorBoard's Text tab shows it); the reference wrote
@@ -47,10 +47,10 @@ from otel_tracking.exporters._base import (
     BridgeParts,
     BridgeSession,
     Event,
-    PhaseTiming,
     StepRecord,
     bridge_exporters,
 )
+from otel_tracking.exporters.timings import PhaseTiming
 from otel_tracking.signals.semconv import GENERATIONS_EVENT
 
 GENERATIONS_KEY = "val/generations"

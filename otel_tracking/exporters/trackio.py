@@ -12,7 +12,7 @@ What lands where:
   names are untouched, so Trackio's own renaming of reserved keys (``step`` -> ``__step``) applies
   as it did for the reference;
 * finished spans: ``{"timing_s/state/<name>": seconds}`` (and ``.../slowest`` for a phase several
-  lanes ran) once per step at the spans' ``ml.step`` (``_base.StepTimings``);
+  lanes ran) once per step at the spans' ``ml.step`` (``timings.StepTimings``);
 * each row's time: when its ``log()`` ran (a timing's: its phase's end), not when Trackio's sender
   wrote it (see ``_keep_row_times``);
 * validation generations: ``{"val/generations": [trackio.Trace, ...]}`` at the event's step, one
@@ -48,10 +48,10 @@ from otel_tracking.exporters._base import (
     BridgeParts,
     BridgeSession,
     Event,
-    PhaseTiming,
     StepRecord,
     bridge_exporters,
 )
+from otel_tracking.exporters.timings import PhaseTiming
 from otel_tracking.signals.redact import scrubbed_logger
 from otel_tracking.signals.semconv import GENERATIONS_EVENT
 

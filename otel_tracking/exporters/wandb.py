@@ -19,7 +19,7 @@ trackers' messages, which share that process, never the training script's output
   ``WandbSession.skipped``, warned about once and summed up at ``finish()``.  FAILURE means wandb
   itself failed (e.g. its run is gone): the delivery layer retries or spools that.
 * Spans: ``timing_s/state/<name>`` (seconds) once per step at the spans' ``ml.step``, with ``.../slowest`` for a
-  phase several lanes ran (``_base.StepTimings``).
+  phase several lanes ran (``timings.StepTimings``).
 * Events: ``ml.validation.generations`` becomes the reference's ``val/generations`` table (columns
   ``step, input_1, output_1, score_1, ...``, one row per validation step) and
   ``ml.table.filtered_reward_counts`` the DAPO ``training/filter_groups/filtered_reward_counts``
@@ -54,11 +54,11 @@ from otel_tracking.exporters._base import (
     BridgeParts,
     BridgeSession,
     Event,
-    PhaseTiming,
     StepRecord,
     bridge_exporters,
     sample_parts,
 )
+from otel_tracking.exporters.timings import PhaseTiming
 from otel_tracking.signals.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT
 
 logger = logging.getLogger("otel_tracking")
