@@ -540,7 +540,7 @@ def test_replay_into_an_unreachable_mlflow_keeps_the_file_and_says_so(isolated: 
 
     from opentelemetry.sdk.resources import Resource
 
-    from otel_tracking.delivery.engine import Spool
+    from otel_tracking.delivery.spool import Spool
     from otel_tracking.signals.steps import step_batch
     from tests.conftest import free_port
 

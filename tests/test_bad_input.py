@@ -19,7 +19,7 @@ from otel_tracking.config.paths import spool_dir, spool_root
 from otel_tracking.config.resume import RunRecord, record_name
 from otel_tracking.config.settings import build_settings
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.spool_files import sink_spool
+from otel_tracking.delivery.spool import sink_spool
 from otel_tracking.distributed.environment import build_worker_settings
 
 

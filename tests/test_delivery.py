@@ -15,7 +15,8 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_tracking import Tracking, trace_state
 from otel_tracking.config.policy import Policy
-from otel_tracking.delivery.engine import Spool, Worker, read_spool
+from otel_tracking.delivery.engine import Worker
+from otel_tracking.delivery.spool import Spool, read_spool
 from otel_tracking.signals.steps import StepBatch
 from tests.conftest import free_port, p99_holds
 from tests.otlp_receiver import HttpReceiver, wait_for
@@ -195,7 +196,7 @@ def test_a_batch_in_flight_at_the_finish_deadline_is_spooled_and_counted(
         late = tracking._run.stats()["otlp-traces"]
         items = ("delivered", "spooled", "dropped")  # ("failed" counts attempts: the late one failed)
         assert {k: late[k] for k in items} == {k: stats[k] for k in items}, "no item counted twice"
-    from otel_tracking.delivery.engine import read_spool
+    from otel_tracking.delivery.spool import read_spool
 
     _, records = read_spool(next((isolated / "spool").rglob("otlp-traces.jsonl")))
     assert sum(len(payload) for _, payload in records) == handed  # each span once (batches may merge them)

@@ -28,8 +28,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tracking.delivery.engine import Damaged, Policy, Spool, read_spool
+from otel_tracking.delivery.engine import Policy
 from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.delivery.spool import Damaged, Spool, read_spool
 from otel_tracking.exporters._base import BridgeParts
 
 _tracer = TracerProvider().get_tracer("invariant")

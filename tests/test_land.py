@@ -29,8 +29,8 @@ from opentelemetry.sdk.metrics.export import MetricExportResult
 from opentelemetry.sdk.resources import Resource
 
 from otel_tracking.config.policy import Policy
-from otel_tracking.delivery.engine import Damaged, Spool, read_spool
 from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.delivery.spool import Damaged, Spool, read_spool
 from otel_tracking.exporters import mlflow as mlflow_bridge
 from otel_tracking.exporters._base import BridgeParts
 from otel_tracking.exporters._batching import Limits, lanes

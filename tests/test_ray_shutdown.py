@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from otel_tracking import trace_state, worker
-from otel_tracking.delivery.engine import read_spool
+from otel_tracking.delivery.spool import read_spool
 from otel_tracking.distributed.ray_tracing import traced
 from tests.otlp_receiver import HttpReceiver, wait_for
 

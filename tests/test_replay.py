@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_tracking.delivery.engine import Damaged, Spool, read_spool
+from otel_tracking.delivery.spool import Damaged, Spool, read_spool
 from tests.otlp_receiver import HttpReceiver, wait_for
 
 
@@ -199,7 +199,7 @@ def test_ranks_sharing_a_run_id_spool_to_files_of_their_own(isolated: Path, monk
     so each file's header names the right run to replay into."""
     from otel_tracking.config.settings import build_settings
     from otel_tracking.delivery.pipeline import Sink
-    from otel_tracking.delivery.spool_files import sink_spool
+    from otel_tracking.delivery.spool import sink_spool
     from otel_tracking.exporters._base import BridgeParts
 
     paths = []

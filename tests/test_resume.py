@@ -413,7 +413,7 @@ def test_two_experiments_in_one_directory_do_not_pick_up_each_others_runs(
 def test_a_resumed_attempt_spools_into_files_of_its_own(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from otel_tracking.config.settings import build_settings
     from otel_tracking.delivery.pipeline import Sink
-    from otel_tracking.delivery.spool_files import sink_spool
+    from otel_tracking.delivery.spool import sink_spool
 
     _file_env(monkeypatch, isolated)
     Tracking("proj", "exp", default_backend=["file"]).finish()

@@ -39,7 +39,7 @@ from otel_tracking.delivery.registry import (
     check_env_sinks,
     is_bridge,
 )
-from otel_tracking.delivery.spool_files import check_spool_dir
+from otel_tracking.delivery.spool import check_spool_dir
 from otel_tracking.runtime.lifecycle import exit_code_for
 from otel_tracking.runtime.run import Run
 

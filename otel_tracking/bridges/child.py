@@ -56,7 +56,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     finish (or the training process is gone), acknowledging every item once each sink is done
     with it, then finish them and report the counts."""
     from otel_tracking.config.resource import build_resource
-    from otel_tracking.delivery.spool_files import sink_spool
+    from otel_tracking.delivery.spool import sink_spool
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -79,9 +79,10 @@ from otel_tracking.bridges.wire import (
     write_frame,
 )
 from otel_tracking.config.settings import ConfigError, Settings
-from otel_tracking.delivery.engine import Ledger, Policy, Spool, Worker, item_count, set_aside
+from otel_tracking.delivery.engine import Ledger, Policy, Worker, item_count, set_aside
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.registry import RunConfig
+from otel_tracking.delivery.spool import Spool
 from otel_tracking.exporters._base import BridgeParts
 from otel_tracking.signals.redact import scrub_text
 

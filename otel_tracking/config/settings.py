@@ -124,7 +124,7 @@ class Settings:
     start_timeout_s: float = 5.0  # how long Tracking() waits for the bridge process to open the trackers
     bridge_process: bool = True  # the ML bridges run in a child process (bridges/process.py)
     spool_dir: Path = Path("spool")
-    spool_writable: bool | None = None  # None: not checked yet (spool_files.check_spool_dir)
+    spool_writable: bool | None = None  # None: not checked yet (spool.check_spool_dir)
     file_path: Path | None = None
     tensorboard_dir: Path | None = None
     role: str | None = None  # ml.role: what this process does in the job (driver, actor, rollout, ...)

@@ -28,24 +28,18 @@ queue spools, as always) and its thread waits; ``release()`` (opened) delivers i
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
-import json
 import logging
 import math
-import os
 import threading
 import time
-import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from otel_tracking.config.policy import Policy
-from otel_tracking.delivery.codec import DECODERS, ENCODERS
+from otel_tracking.delivery.spool import Spool
 
 logger = logging.getLogger("otel_tracking")
 
@@ -80,114 +74,6 @@ class _Entry:
     def __init__(self, payload: Any, tokens: list[Any]) -> None:
         self.payload = payload
         self.tokens = tokens
-
-
-class Spool:
-    """Append-only file of undelivered items, readable by its owner only.  The first record is a
-    header saying which sink and run the items belong to, so that replay can rebuild the sink.
-
-    One record a line: ``<crc32 of the JSON, 8 hex digits> <JSON>``.  A record cut short (a kill
-    or a full disk in the middle of a write) or damaged is detected by :func:`read_spool`, which
-    skips it and goes on with the next line."""
-
-    def __init__(self, path: Path, header: dict[str, Any]) -> None:
-        self.path = path
-        self.header = header
-        self._file: Any = None
-        self._lock = threading.Lock()
-
-    def write(self, kind: str, payload: Any) -> None:
-        line = frame(json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str))
-        with self._lock:
-            if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                # Shared while open: replay takes it exclusively and leaves a file in use alone.
-                with contextlib.suppress(OSError):
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                self._file = os.fdopen(fd, "a", buffering=1)
-                if self.path.stat().st_size == 0:
-                    self._file.write(frame(json.dumps({"header": self.header})))
-            self._file.write(line)
-
-    def end(self, exit_code: int) -> None:
-        """The last record when the run ended without a bridge ending the backend's run (the
-        bridge process died, or the backend never opened): replay ends that run with this code."""
-        self.write("end", {"exit_code": exit_code})
-        self.close()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-
-
-def frame(text: str) -> str:
-    """One spool record: its checksum, then the JSON text, on one line."""
-    return f"{zlib.crc32(text.encode()):08x} {text}\n"
-
-
-class Damaged(NamedTuple):
-    """A spool record that could not be read: where, and why."""
-
-    path: Path
-    offset: int  # byte offset of the record's line
-    reason: str
-
-
-SpoolItem = tuple[str, Any]
-
-
-def read_spool(path: Path) -> tuple[dict[str, Any], Iterator[SpoolItem | Damaged]]:
-    """(header, records): the records one at a time as ``(kind, decoded payload)``, or
-    :class:`Damaged` for one that is cut short, fails its checksum or does not decode.  Streams:
-    the file is never loaded whole.  Lines without a checksum (files written before the framing)
-    are read as plain JSON."""
-    handle = open(path, "rb")  # noqa: SIM115 - closed by the generator
-    first = handle.readline()
-    header: dict[str, Any] = {}
-    entry = unframe(first)
-    if isinstance(entry, dict) and "header" in entry:
-        header = entry["header"]
-    else:
-        handle.seek(0)
-
-    def records() -> Iterator[SpoolItem | Damaged]:
-        with handle:
-            offset = handle.tell()
-            for line in iter(handle.readline, b""):
-                at, offset = offset, offset + len(line)
-                if not line.strip():
-                    continue
-                entry = unframe(line)
-                if isinstance(entry, str):
-                    yield Damaged(path, at, entry)
-                    continue
-                try:
-                    yield entry["kind"], DECODERS[entry["kind"]](entry["data"])
-                except Exception as error:  # a record that parses but does not decode
-                    yield Damaged(path, at, f"undecodable {type(error).__name__}: {error}")
-
-    return header, records()
-
-
-def unframe(line: bytes) -> dict[str, Any] | str:
-    """The JSON object of one record, or why it cannot be read."""
-    if not line.endswith(b"\n"):
-        return "cut short (no end of line)"
-    text = line[:-1].decode("utf-8", errors="replace")
-    if text.startswith("{"):  # unframed: written before records had checksums
-        body = text
-    else:
-        checksum, _, body = text.partition(" ")
-        if len(checksum) != 8 or f"{zlib.crc32(body.encode()):08x}" != checksum:
-            return "checksum mismatch"
-    try:
-        entry = json.loads(body)
-    except ValueError as error:
-        return f"not JSON ({error})"
-    return entry if isinstance(entry, dict) else "not a record"
 
 
 def item_count(kind: str, payload: Any) -> int:

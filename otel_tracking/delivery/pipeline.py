@@ -29,7 +29,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from otel_tracking.config.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
 from otel_tracking.config.policy import Policy
-from otel_tracking.delivery.engine import Spool, Worker, item_count
+from otel_tracking.delivery.engine import Worker, item_count
+from otel_tracking.delivery.spool import Spool
 from otel_tracking.exporters._base import BridgeParts
 from otel_tracking.signals import semconv
 from otel_tracking.signals.redact import scrubbed_logger

@@ -22,8 +22,9 @@ from typing import Any, TextIO
 
 from otel_tracking.config.paths import spool_root
 from otel_tracking.config.settings import build_settings
-from otel_tracking.delivery.engine import Damaged, Spool, item_count, read_spool, unframe
+from otel_tracking.delivery.engine import item_count
 from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.delivery.spool import Damaged, Spool, read_spool, unframe
 
 REPLAYED = ".replayed"  # the suffix of a file delivered in full
 _OTLP = {"otlp-metrics": "metrics", "otlp-traces": "traces", "otlp-logs": "logs"}

@@ -42,7 +42,7 @@ from otel_tracking.delivery.pipeline import (
     flush_sinks,
 )
 from otel_tracking.delivery.scrubbing import ScrubbingLogProcessor, ScrubbingSpanProcessor
-from otel_tracking.delivery.spool_files import sink_spool
+from otel_tracking.delivery.spool import sink_spool
 from otel_tracking.runtime import lifecycle
 from otel_tracking.runtime.step_roots import StepRoots
 from otel_tracking.signals import semconv
