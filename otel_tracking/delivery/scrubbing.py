@@ -50,8 +50,9 @@ def scrubbed_span(span: ReadableSpan) -> ReadableSpan:
     span_events, span_links, status = span.events, span.links, span.status
     events = span_events and _scrubbed_all(span_events, lambda event, clean: Event(event.name, clean, event.timestamp))
     links = span_links and _scrubbed_all(span_links, lambda link, clean: Link(link.context, clean))
-    if status.description and scrub_value(status.description) != status.description:
-        status = Status(status.status_code, scrub_value(status.description))
+    description = status.description and scrub_value(status.description)
+    if description != status.description:
+        status = Status(status.status_code, description)
     if attributes is None and not events and not links and status is span.status:
         return span
     return ReadableSpan(

@@ -270,7 +270,7 @@ class WandbSession(BridgeSession):
                 for key, value in data.items():
                     ok = self.log({key: value}, step) and ok
                 return ok
-            self.high_step = step if self.high_step is None else max(self.high_step, step)
+            self._reached(step)
             return True
 
     def write_step(self, record: StepRecord) -> bool:
@@ -307,7 +307,7 @@ class WandbSession(BridgeSession):
                 if request is not None:
                     batch.append(request)
                     values += len(record.scalars)
-                    self.high_step = record.step if self.high_step is None else max(self.high_step, record.step)
+                    self._reached(record.step)
                     if values >= _VALUES_A_HANDOFF and not send():
                         break
                     continue
@@ -322,6 +322,10 @@ class WandbSession(BridgeSession):
                 if not batch or send():
                     return rests
         return rests + list(records[len(rests) :])
+
+    def _reached(self, step: int) -> None:
+        """wandb was handed ``step``: the highest step it has seen (under the lock)."""
+        self.high_step = step if self.high_step is None else max(self.high_step, step)
 
     def _direct(self, record: StepRecord) -> bool:
         """Whether :meth:`log` would do nothing with ``record`` but hand its numbers to wandb."""
