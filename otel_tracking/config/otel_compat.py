@@ -16,13 +16,19 @@ Supported: ``opentelemetry-sdk`` (and api, exporter-otlp) from 1.39 up to, not i
 - The OTLP exporters' own retry loop (``one_try_per_export``) and the providers' reading of
   ``OTEL_SDK_DISABLED`` (``enabled_despite_sdk_disabled``): per-instance attributes the SDK has no
   public setting for.
+- The periodic reader's collect hook (``periodic_reader``): the SDK's reader exports what a
+  MeterProvider collects; ours reads the latest logged values instead, which a MeterProvider would
+  make the hot path pay for, value by value.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import Any, TypeVar
+
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricsData, PeriodicExportingMetricReader
 
 try:
     from opentelemetry._logs import LogRecord, SeverityNumber
@@ -52,6 +58,7 @@ __all__ = [
     "enabled_despite_sdk_disabled",
     "one_try_per_export",
     "otlp_log_exporter_class",
+    "periodic_reader",
     "sdk_gauge_class",
 ]
 
@@ -116,3 +123,18 @@ def enabled_despite_sdk_disabled(provider: _T) -> _T:
     if getattr(provider, "_disabled", False):
         provider._disabled = False  # type: ignore[attr-defined]
     return provider
+
+
+def periodic_reader(
+    exporter: MetricExporter, collect: Callable[[], MetricsData | None], interval_s: float
+) -> PeriodicExportingMetricReader:
+    """The SDK's periodic reader (its thread, interval, one last export at ``shutdown()``, restart
+    after a fork) exporting what ``collect()`` returns, with no MeterProvider: it sets the hook a
+    provider sets when the reader is registered (``_set_collect_callback``, internal to the SDK)."""
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_s * 1000)
+
+    def collect_for(_reader: Any, timeout_millis: Any = None) -> Any:  # a provider's hook takes both
+        return collect()
+
+    reader._set_collect_callback(collect_for)
+    return reader

@@ -6,7 +6,7 @@ failure or slowness from reaching the training loop or the other backends.  Ever
 guarded and counted; a sink whose data must be on disk when ``log()`` returns (file, console) is
 called inline, every other sink gets a :class:`~otel_tracking.delivery.engine.Worker` (bounded queue,
 retry with backoff, spool).  Of the threads that export, the workers live in ``engine.py`` and
-the periodic OTLP gauge export here (:class:`PeriodicExport`); the bridge process's link and
+the periodic OTLP gauge export is the SDK's reader (:func:`periodic_export`); the bridge process's link and
 child, the SIGTERM watcher (``runtime/lifecycle.py``) and the actor drain
 (``distributed/drain.py``) have their own (the README's "Never block, never lose" lists them).
 """
@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from otel_tracking.config.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord
+from otel_tracking.config.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord, periodic_reader
 from otel_tracking.config.policy import Policy
 from otel_tracking.delivery.engine import Worker, item_count
 from otel_tracking.delivery.spool import Spool
@@ -465,30 +465,25 @@ class SinkLogProcessor(LogRecordProcessor):
         return True
 
 
-class PeriodicExport:
-    """Calls ``produce()`` every ``interval_s`` on a daemon thread and hands the result to ``sink``;
-    :meth:`stop` does one last export, so the final values always leave."""
+class _ToSink(MetricExporter):
+    """A metric exporter that hands what the SDK's periodic reader collects to a sink."""
 
-    def __init__(self, sink: Sink, produce: Callable[[], MetricsData | None], interval_s: float) -> None:
+    def __init__(self, sink: Sink) -> None:
+        super().__init__()
         self._sink = sink
-        self._produce = produce
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"otel-tracking-{sink.name}-metrics", daemon=True)
-        self._thread.start()
 
-    def _export_once(self) -> None:
-        data = self._produce()
-        if data is not None:
-            self._sink.export_metrics(data)
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        self._sink.export_metrics(metrics_data)
+        return MetricExportResult.SUCCESS
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self._export_once()
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        self._thread.join(timeout_s)
-        self._export_once()
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None  # the run finishes the sink itself, after the last export
+
+
+def periodic_export(sink: Sink, produce: Callable[[], MetricsData | None], interval_s: float) -> MetricReader:
+    """Hands ``produce()`` to ``sink`` every ``interval_s`` (the SDK's periodic reader);
+    ``shutdown()`` exports once more, so the final values always leave."""
+    return periodic_reader(_ToSink(sink), produce, interval_s)

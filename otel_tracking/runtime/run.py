@@ -33,13 +33,13 @@ from otel_tracking.config.resource import build_resource
 from otel_tracking.config.resume import RunRecord, record_name
 from otel_tracking.config.settings import Settings
 from otel_tracking.delivery.pipeline import (
-    PeriodicExport,
     Sink,
     SinkLogProcessor,
     SinkSpanProcessor,
     export_to,
     finish_sinks,
     flush_sinks,
+    periodic_export,
 )
 from otel_tracking.delivery.scrubbing import ScrubbingLogProcessor, ScrubbingSpanProcessor
 from otel_tracking.delivery.spool import sink_spool
@@ -190,9 +190,8 @@ class Run:
 
         metric_sinks = [s for s in (otlp_sinks.get("metrics"), *periodic_sinks) if s is not None]
         self._latest = LatestValues() if metric_sinks else None
-        self._periodic = [
-            PeriodicExport(sink, self._snapshot, settings.otlp.metric_interval_s) for sink in metric_sinks
-        ]
+        interval_s = settings.otlp.metric_interval_s
+        self._periodic = [periodic_export(sink, self._snapshot, interval_s) for sink in metric_sinks]
 
         self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False, id_generator=ID_GENERATOR)
         self.tracer_provider.add_span_processor(ScrubbingSpanProcessor(SinkSpanProcessor(self.all_sinks)))
@@ -220,7 +219,9 @@ class Run:
         return [*self.sinks, *self.observability_sinks]
 
     def _snapshot(self) -> Any:
-        return self._latest.snapshot(self.resource) if self._latest is not None else None
+        if self._latest is None or self.pid != os.getpid():  # the reader's thread restarts in a forked child
+            return None
+        return self._latest.snapshot(self.resource)
 
     # --- where spans hang ------------------------------------------------------------------------
 
@@ -321,7 +322,7 @@ class Run:
             global _driver_finished_pid, _said_not_recorded
             _driver_finished_pid, _said_not_recorded = self.pid, False
         for periodic in self._periodic:
-            periodic.stop()
+            periodic.shutdown(timeout_millis=10_000)
         # Spans still open (``with trace_state("fit"): ... finish()``) end here, saying so, rather
         # than after their sinks are gone; the step's root span last, after its children.
         for span in list(self.open_spans):
