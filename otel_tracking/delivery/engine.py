@@ -146,6 +146,7 @@ class Worker:
         count: Callable[[str, int], None],
         spool: Spool | None,
         policy: Policy | None = None,
+        *,
         done: Callable[[Any, str], None] | None = None,
         held: bool = False,
         set_aside: Callable[[str, Any], str] | None = None,

@@ -178,7 +178,7 @@ class Sink:
                 self.count,
                 spool,
                 policy,
-                done,
+                done=done,
                 held=held,
                 deliver_many=self.deliver_many,
                 progressed=progressed,
