@@ -26,9 +26,10 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricsData, PeriodicExportingMetricReader
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricsData, PeriodicExportingMetricReader
 
 try:
     from opentelemetry._logs import LogRecord, SeverityNumber
@@ -131,6 +132,8 @@ def periodic_reader(
     """The SDK's periodic reader (its thread, interval, one last export at ``shutdown()``, restart
     after a fork) exporting what ``collect()`` returns, with no MeterProvider: it sets the hook a
     provider sets when the reader is registered (``_set_collect_callback``, internal to the SDK)."""
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
     reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_s * 1000)
 
     def collect_for(_reader: Any, timeout_millis: Any = None) -> Any:  # a provider's hook takes both

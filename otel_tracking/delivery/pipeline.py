@@ -5,9 +5,9 @@ exporters that share a backend session.  This layer hands them data and keeps on
 failure or slowness from reaching the training loop or the other backends.  Every export is
 guarded and counted; a sink whose data must be on disk when ``log()`` returns (file, console) is
 called inline, every other sink gets a :class:`~otel_tracking.delivery.engine.Worker` (bounded queue,
-retry with backoff, spool).  Of the threads that export, the workers live in ``engine.py`` and
-the periodic OTLP gauge export is the SDK's reader (:func:`periodic_export`); the bridge process's link and
-child, the SIGTERM watcher (``runtime/lifecycle.py``) and the actor drain
+retry with backoff, spool).  Of the threads that export, the workers live in ``engine.py``, the
+periodic OTLP gauge export is the SDK's reader (:func:`periodic_export`), and the bridge process's
+link and child, the SIGTERM watcher (``runtime/lifecycle.py``) and the actor drain
 (``distributed/drain.py``) have their own (the README's "Never block, never lose" lists them).
 """
 
