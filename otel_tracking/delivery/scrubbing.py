@@ -11,6 +11,7 @@ with something is copied (the SDK's spans are read-only once ended).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,10 +30,10 @@ def scrubbed_attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any] 
         return None
     changed: dict[str, Any] | None = None
     for key, value in attributes.items():
-        if is_secret_key(key):
+        if isinstance(value, str):
+            clean = _clean_string(key, value) if len(value) <= _CACHED_LENGTH else _clean(key, value)
+        elif is_secret_key(key):
             clean = REDACTED
-        elif isinstance(value, str):
-            clean = scrub_value(value)
         elif isinstance(value, (list, tuple)):
             clean = redact(value)
         else:  # numbers and bools: nothing to scrub
@@ -42,6 +43,16 @@ def scrubbed_attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any] 
                 changed = dict(attributes)
             changed[key] = clean
     return changed
+
+
+def _clean(key: str, value: str) -> str:
+    return REDACTED if is_secret_key(key) else scrub_value(value)
+
+
+# Spans repeat the same short strings (lane, run id, phase) thousands of times: one cached lookup
+# instead of a key check and a pattern search (~1 us of the ~40 us a span costs).
+_CACHED_LENGTH = 256
+_clean_string = functools.lru_cache(maxsize=4096)(_clean)
 
 
 def scrubbed_span(span: ReadableSpan) -> ReadableSpan:
