@@ -125,6 +125,8 @@ def test_secret_keys() -> None:
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not supported"),
         ("OTEL_METRIC_EXPORT_INTERVAL", "soon", "OTEL_METRIC_EXPORT_INTERVAL='soon' is not a number"),
         ("OTEL_METRIC_EXPORT_INTERVAL", "-5", "must be positive"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "inf", "OTEL_METRIC_EXPORT_INTERVAL='inf' must be positive and finite"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "nan", "OTEL_METRIC_EXPORT_INTERVAL='nan' must be positive and finite"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4317", "must be an http:// or https:// URL"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:99999", "malformed port"),
         ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "ftp://x", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT must be"),

@@ -12,6 +12,7 @@ variable's name, at construction time, rather than a traceback from deep inside 
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -177,8 +178,8 @@ def build_settings(
         interval_ms = float(interval_raw)
     except ValueError:
         raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL={interval_raw!r} is not a number of milliseconds") from None
-    if interval_ms <= 0:
-        raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL={interval_raw!r} must be positive")
+    if not 0 < interval_ms < math.inf:  # the SDK's periodic reader starts no thread for inf or nan
+        raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL={interval_raw!r} must be positive and finite")
 
     selected: dict[str, bool] = {}
     extras: dict[str, tuple[str, ...]] = {}
