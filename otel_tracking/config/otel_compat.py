@@ -1,4 +1,5 @@
-"""Every OpenTelemetry name that has no public home, imported in this one place.
+"""Every OpenTelemetry name that has no public home, imported in this one place (but for the OTLP
+exporters' internals ``otlp_failures.py`` reads to say why an export failed).
 
 Supported: ``opentelemetry-sdk`` (and api, exporter-otlp) from 1.39 up to, not including, 2.0;
 ``scripts/test`` runs the core tests on the oldest (the floor in ``pyproject.toml``) and the newest.
