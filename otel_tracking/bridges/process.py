@@ -543,6 +543,7 @@ class RemoteSink(Sink):
         self,
         spool: Spool | None,
         policy: Policy | None = None,
+        *,
         done: Callable[[Any, str], None] | None = None,
         held: bool = False,
         progressed: Callable[[], None] | None = None,
