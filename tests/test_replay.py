@@ -77,6 +77,21 @@ def test_damaged_records_are_skipped_and_named_and_everything_else_arrives(isola
     assert not intact_path.exists() and intact_path.with_name("otlp-traces.jsonl.replayed").exists()
 
 
+def test_an_empty_spool_file_is_nothing_to_replay_not_an_error(isolated: Path) -> None:
+    """A process killed between creating its spool file and writing the header leaves it empty:
+    nothing was spooled, so nothing is lost and replay succeeds (test_link_invariant met it)."""
+    empty = isolated / "killed" / "tensorboard.jsonl"
+    empty.parent.mkdir(parents=True)
+    empty.touch()
+    _spool(isolated / "killed" / "otlp-traces.jsonl", "beside", 2).close()
+    with HttpReceiver() as receiver:
+        done = _replay(receiver, isolated / "killed")
+        wait_for(lambda: len(receiver.received.spans()) == 2, what="the other file's 2 spans")
+    assert done.returncode == 0, done.stderr
+    assert f"{empty}: empty (its process stopped before writing to it); nothing to replay" in done.stderr
+    assert not empty.exists(), "it is not offered to the next replay again"
+
+
 def test_a_file_still_being_written_is_left_alone(isolated: Path) -> None:
     busy = _spool(isolated / "busy" / "otlp-traces.jsonl", "busy", 3)  # open: a running run's spool
     with HttpReceiver() as receiver:
