@@ -153,9 +153,11 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
         except BlockingIOError:
             out.write(f"{path}: still being written by a running process; skipped\n")
             return _counts(busy=1, skipped=1)
-        if os.fstat(lock.fileno()).st_size == 0:  # its process was killed between creating it and the header
+        # Empty: its process was killed between creating it and writing the header, or a writer is
+        # between the two right now (it takes its lock after creating the file): left as it is, so
+        # that such a writer's records stay where replay will find them.
+        if os.fstat(lock.fileno()).st_size == 0:
             out.write(f"{path}: empty (its process stopped before writing to it); nothing to replay\n")
-            path.rename(path.with_name(path.name + REPLAYED))
             return _counts()
         header, records = read_spool(path)
         if not header.get("sink"):
