@@ -1,4 +1,4 @@
-"""The local observability stack: OpenTelemetry Collector, Jaeger v2 and Prometheus.
+"""The local observability stack: OpenTelemetry Collector, Jaeger v2, Zipkin and Prometheus.
 
 Real programs on the loopback interface, no containers:
 
@@ -7,6 +7,10 @@ Real programs on the loopback interface, no containers:
   ``collector-config.yaml``;
 - ``jaeger``: ``github.com/jaegertracing/jaeger/cmd/jaeger`` built with ``go build``, run with
   ``deploy/jaeger/config.yaml`` (in-memory storage, OTLP in, HTTP query API out);
+- ``zipkin``: Zipkin's executable jar (``io.zipkin:zipkin-server``, fetched from Maven Central
+  with ``mvn dependency:copy``), run with Debian's Java, in-memory storage and a bounded heap: the
+  stack's trace UI, a waterfall per trace in the browser.  It has no OTLP intake, so the collector
+  sends traces as OTLP/JSON to ``trace_ui_relay`` (``zipkin_relay.py``), which posts them to Zipkin;
 - ``prometheus``: Debian's ``/usr/bin/prometheus`` with a generated config that scrapes the
   collector's Prometheus exporter every second.
 
@@ -65,6 +69,10 @@ __all__ = [
 BUILDER_VERSION = "v0.165.0"
 JAEGER_MODULE = "github.com/jaegertracing/jaeger"
 JAEGER_VERSION = "v1.76.0"
+ZIPKIN_ARTIFACT = "io.zipkin:zipkin-server"
+ZIPKIN_VERSION = "3.6.1"
+ZIPKIN_HEAP = "256m"  # Zipkin's memory stays bounded: its heap, and MEM_MAX_SPANS spans kept
+ZIPKIN_MAX_SPANS = "200000"
 HOST = "127.0.0.1"
 
 
@@ -79,7 +87,8 @@ COLLECTOR_CONFIG = STACK_FILES / "collector-config.yaml"
 AGENT_CONFIG = STACK_FILES / "deploy" / "collector" / "agent.yaml"
 JAEGER_CONFIG = STACK_FILES / "deploy" / "jaeger" / "config.yaml"
 
-PROCESS_NAMES = ("jaeger", "collector", "prometheus")
+# In start order; Zipkin starts first and is waited for last (its JVM takes ~20 s to come up).
+PROCESS_NAMES = ("zipkin", "jaeger", "trace_ui_relay", "collector", "prometheus")
 
 
 # --------------------------------------------------------------------------- binaries
@@ -240,6 +249,46 @@ def build_jaeger(bin_root: Path | None = None, version: str = JAEGER_VERSION) ->
     return binary
 
 
+def fetch_zipkin(bin_root: Path | None = None, version: str = ZIPKIN_VERSION) -> Path:
+    """Zipkin's executable jar from Maven Central (with Maven), or the cached one."""
+    bin_root = bin_root or cache_dir() / "bin"
+    out_dir = bin_root / f"zipkin-{version}"
+    jar = out_dir / f"zipkin-server-{version}-exec.jar"
+    if jar.exists():
+        return jar
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise StackError("Maven (`mvn`) is needed to fetch Zipkin's jar from Maven Central, but it is not on PATH")
+    with _lock(bin_root / ".zipkin.lock"):
+        if jar.exists():
+            return jar
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / "download"
+        _log(f"fetching {ZIPKIN_ARTIFACT}:{version} (exec jar, ~130 MB) from Maven Central")
+        start = time.monotonic()
+        _run_logged(
+            [
+                mvn, "--batch-mode", "--quiet", "dependency:copy",
+                f"-Dartifact={ZIPKIN_ARTIFACT}:{version}:jar:exec", f"-DoutputDirectory={tmp}",
+            ],
+            cwd=out_dir,
+            log=out_dir / "fetch.log",
+            env=os.environ,
+        )
+        os.replace(tmp / jar.name, jar)
+        shutil.rmtree(tmp, ignore_errors=True)
+        _log(f"fetched {jar} in {time.monotonic() - start:.0f} s")
+    return jar
+
+
+def find_java() -> Path:
+    """The ``java`` Zipkin runs with (17 or newer)."""
+    found = shutil.which("java")
+    if not found:
+        raise StackError("`java` (17 or newer) is needed to run Zipkin: install Debian's default-jre-headless")
+    return Path(os.path.realpath(found))
+
+
 def find_prometheus(install: bool = True) -> Path:
     """Debian's prometheus; installed with apt-get when missing and running as root."""
     found = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
@@ -271,10 +320,13 @@ def config_files() -> dict[str, Path]:
 
 
 def ensure_binaries() -> dict[str, Path]:
-    """Build or reuse otelcol and jaeger, find prometheus; ``{"collector", "jaeger", "prometheus"}``."""
+    """Build or reuse otelcol and jaeger, fetch or reuse Zipkin's jar, find java and prometheus;
+    ``{"collector", "jaeger", "zipkin", "java", "prometheus"}``."""
     return {
         "collector": build_collector(),
         "jaeger": build_jaeger(),
+        "zipkin": fetch_zipkin(),
+        "java": find_java(),
         "prometheus": find_prometheus(),
     }
 
@@ -328,6 +380,8 @@ class Ports(_PortSet):
     jaeger_ui: int = 16686
     jaeger_grpc: int = 16685
     jaeger_health: int = 13134
+    zipkin: int = 9411
+    trace_ui_relay: int = 9412
     prometheus: int = 9090
 
 
@@ -392,6 +446,11 @@ def _spawn(cmd: Sequence[str], cwd: Path, env: Mapping[str, str], log_path: Path
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def _python() -> str:
+    """This interpreter's real path (what ``/proc/<pid>/exe`` of the relay will show)."""
+    return os.path.realpath(sys.executable)
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:
@@ -485,6 +544,11 @@ class Stack(_OtlpReceiver):
         return f"http://{HOST}:{self.ports.jaeger_ui}"
 
     @property
+    def trace_ui_url(self) -> str:
+        """Zipkin's UI: the stack's trace waterfall in a browser."""
+        return f"http://{HOST}:{self.ports.zipkin}/zipkin/"
+
+    @property
     def prometheus_url(self) -> str:
         return f"http://{HOST}:{self.ports.prometheus}"
 
@@ -496,6 +560,7 @@ class Stack(_OtlpReceiver):
         return {
             "otlp_http": self.otlp_http_endpoint,
             "otlp_grpc": self.otlp_grpc_endpoint,
+            "trace_ui": self.trace_ui_url,
             "jaeger_api": f"{self.jaeger_url}/api/traces?service=<service.name>  (its UI page is a placeholder)",
             "prometheus": self.prometheus_url,
             "collector_prometheus_exporter": self.prom_exporter_url,
@@ -511,6 +576,8 @@ class Stack(_OtlpReceiver):
             "OTEL_TRACKING_SCRAPE_TARGETS_DIR": str(self.targets_dir),
             # gauges every second (the SDK's default is 60 s): Prometheus, scraping every second, shows curves
             "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+            # the run's summary and the demo print a link to the run's traces in the trace UI
+            "OTEL_TRACKING_TRACES_URL": self.trace_ui_url,
         }
 
     def _program_env(self) -> dict[str, str]:
@@ -532,6 +599,7 @@ class Stack(_OtlpReceiver):
                 "OTEL_TRACKING_JAEGER_UI_PORT": str(p.jaeger_ui),
                 "OTEL_TRACKING_JAEGER_GRPC_PORT": str(p.jaeger_grpc),
                 "OTEL_TRACKING_JAEGER_HEALTH_PORT": str(p.jaeger_health),
+                "OTEL_TRACKING_TRACE_UI_ENDPOINT": f"http://{HOST}:{p.trace_ui_relay}",
             }
         )
         return env
@@ -541,6 +609,8 @@ class Stack(_OtlpReceiver):
         env = self._program_env()
         if name == "collector":
             env["OTEL_TRACKING_HOST"] = self.collector_host
+        if name == "zipkin":
+            env.update({"STORAGE_TYPE": "mem", "MEM_MAX_SPANS": ZIPKIN_MAX_SPANS, "SELF_TRACING_ENABLED": "false"})
         return env
 
     def _prometheus_config(self) -> Path:
@@ -563,6 +633,17 @@ class Stack(_OtlpReceiver):
         return {
             "jaeger": [str(binaries["jaeger"]), "--config", str(self.jaeger_config)],
             "collector": [str(binaries["collector"]), "--config", str(self.collector_config)],
+            "zipkin": [
+                str(binaries["java"]), f"-Xmx{ZIPKIN_HEAP}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                "-jar", str(binaries["zipkin"]),
+                # Zipkin ignores --server.address; Armeria's own port setting binds it to loopback
+                f"--armeria.ports[0].port={self.ports.zipkin}", f"--armeria.ports[0].ip={HOST}",
+                "--armeria.ports[0].protocols=http",
+            ],
+            "trace_ui_relay": [
+                sys.executable, "-m", "otel_tracking_stack.zipkin_relay",
+                "--host", HOST, "--port", str(self.ports.trace_ui_relay), "--zipkin", f"http://{HOST}:{self.ports.zipkin}",
+            ],
             "prometheus": [
                 str(binaries["prometheus"]),
                 f"--config.file={self._prometheus_config()}",
@@ -577,12 +658,15 @@ class Stack(_OtlpReceiver):
             "jaeger": f"{self.jaeger_url}/",
             "collector": f"http://{HOST}:{self.ports.collector_health}/",
             "prometheus": f"{self.prometheus_url}/-/ready",
+            "zipkin": f"http://{HOST}:{self.ports.zipkin}/health",
+            "trace_ui_relay": f"http://{HOST}:{self.ports.trace_ui_relay}/health",
         }
 
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> Stack:
-        """Start jaeger, the collector and prometheus and wait until each is healthy."""
+        """Start Zipkin, Jaeger, the relay, the collector and Prometheus; wait until each is healthy
+        (Zipkin last: its JVM starts while the others do)."""
         for name in PROCESS_NAMES:
             pid = self._read_pid(name)
             if pid is not None and _pid_alive(pid):
@@ -599,13 +683,14 @@ class Stack(_OtlpReceiver):
         self._started_binaries = dict(binaries)
         try:
             for name in PROCESS_NAMES:
-                self.start_program(name)
+                self.start_program(name, wait=name != "zipkin")
+            self._wait_program("zipkin")
         except BaseException:
             self.stop()
             raise
         return self
 
-    def start_program(self, name: str) -> None:
+    def start_program(self, name: str, wait: bool = True) -> None:
         """Start one of the programs of a started stack (again, on the same ports) and wait until
         it is healthy; with ``stop_program``, e.g. a gateway outage in a test."""
         if not self._started_binaries:
@@ -614,7 +699,12 @@ class Stack(_OtlpReceiver):
         proc = _spawn(self._commands(self._started_binaries)[name], self.workdir, env, self.log_dir / f"{name}.log")
         self._procs[name] = proc
         (self.pid_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
-        _wait_healthy(name, self._health_urls()[name], proc, self.startup_timeout, self.log_dir / f"{name}.log")
+        if wait:
+            self._wait_program(name)
+
+    def _wait_program(self, name: str) -> None:
+        log = self.log_dir / f"{name}.log"
+        _wait_healthy(name, self._health_urls()[name], self._procs[name], self.startup_timeout, log)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         return _log_tail(self.log_dir / f"{name}.log", lines)
@@ -628,12 +718,16 @@ class Stack(_OtlpReceiver):
     def _binary_names(self) -> dict[str, str]:
         try:
             data = json.loads((self.workdir / "stack.json").read_text())
-            return {k: Path(v).name for k, v in data.get("binaries", {}).items()}
+            names = {k: Path(v).name for k, v in data.get("binaries", {}).items()}
         except (OSError, ValueError):
-            return {"jaeger": "jaeger", "collector": "otelcol", "prometheus": "prometheus"}
+            names = {"jaeger": "jaeger", "collector": "otelcol", "prometheus": "prometheus", "java": "java"}
+        # the pid of each program runs this binary (Zipkin runs in java, the relay in Python)
+        names["zipkin"] = names.get("java", "java")
+        names["trace_ui_relay"] = Path(_python()).name
+        return names
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM each program by pid (prometheus, collector, jaeger), SIGKILL after ``timeout``."""
+        """SIGTERM each program by pid, in the reverse of the start order, SIGKILL after ``timeout``."""
         for name in reversed(PROCESS_NAMES):
             self.stop_program(name, timeout)
 
@@ -880,13 +974,14 @@ def main(argv: list[str] | None = None) -> int:
         "--gateway",
         action="store_true",
         help="the collector listens on all interfaces (0.0.0.0), for node agents on other hosts; "
-        "Jaeger and Prometheus stay on 127.0.0.1",
+        "Jaeger, Zipkin and Prometheus stay on 127.0.0.1",
     )
     sub.add_parser("down", parents=[common], help="stop the stack started by `up`")
     sub.add_parser(
         "build",
         parents=[common],
-        help="build or reuse otelcol and jaeger, install prometheus; print the binaries' and config files' paths",
+        help="build or reuse otelcol and jaeger, fetch Zipkin's jar, install prometheus; "
+        "print the binaries' and config files' paths",
     )
     st = sub.add_parser("status", parents=[common], help="show what runs")
     st.add_argument("--json", action="store_true")

@@ -315,4 +315,4 @@ def test_the_stack_runs_from_a_wheel(wheel_venv: Path, tmp_path: Path) -> None:
         down = cli("down", "--state-dir", str(state))
     assert down.returncode == 0, down.stderr
     after = cli("status", "--state-dir", str(state))
-    assert after.returncode == 3 and after.stdout.count("stopped") == 3
+    assert after.returncode == 3 and after.stdout.count("stopped") == 5

@@ -146,7 +146,7 @@ def sent(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Stack:
 
 def test_status_reports_all_healthy(stack: Stack) -> None:
     status = stack.status()
-    assert set(status) == {"jaeger", "collector", "prometheus"}
+    assert set(status) == {"jaeger", "collector", "prometheus", "zipkin", "trace_ui_relay"}
     for name, s in status.items():
         assert s["running"] and s["healthy"], (name, s)
         assert (stack.pid_dir / f"{name}.pid").read_text().strip() == str(s["pid"])
@@ -355,12 +355,12 @@ def test_cli_status_of_a_stopped_stack(tmp_path: Path, capsys: pytest.CaptureFix
 
     assert main(["--state-dir", str(tmp_path), "status"]) == 3
     out = capsys.readouterr().out
-    assert out.count("stopped") == 3
+    assert out.count("stopped") == 5
     assert main(["--state-dir", str(tmp_path), "down"]) == 0
 
 
 def test_cli_up_status_down(tmp_path: Path) -> None:
-    """`otel-tracking stack up` starts all three detached and prints what to export; `status` sees
+    """`otel-tracking stack up` starts all five detached and prints what to export; `status` sees
     them healthy; `down` stops them by their pid files."""
     import subprocess
 
@@ -380,9 +380,13 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         assert Path(exports["OTEL_TRACKING_SCRAPE_TARGETS_DIR"]).is_dir()
         assert exports["OTEL_METRIC_EXPORT_INTERVAL"] == "1000"  # curves in Prometheus, not one point a minute
         assert "jaeger_api" in up.stdout and "/api/traces?service=" in up.stdout
+        # the trace UI's address, and the variable that makes each run's summary link to it
+        trace_ui = re.search(r"^\s+trace_ui\s+(http://127\.0\.0\.1:\d+/zipkin/)$", up.stdout, re.M)
+        assert trace_ui, up.stdout
+        assert exports["OTEL_TRACKING_TRACES_URL"] == trace_ui.group(1)
         status = subprocess.run([*cli, "status", "--state-dir", str(state)], capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout
-        assert status.stdout.count("healthy") == 3
+        assert status.stdout.count("healthy") == 5
         again = subprocess.run(
             [*cli, "up", "--state-dir", str(state), "--free-ports"], capture_output=True, text=True, timeout=60
         )
@@ -391,4 +395,4 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         down = subprocess.run([*cli, "down", "--state-dir", str(state)], capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
     after = subprocess.run([*cli, "status", "--state-dir", str(state)], capture_output=True, text=True, timeout=60)
-    assert after.returncode == 3 and after.stdout.count("stopped") == 3
+    assert after.returncode == 3 and after.stdout.count("stopped") == 5

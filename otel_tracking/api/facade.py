@@ -27,6 +27,7 @@ from typing import Any
 from otel_tracking.api.rl_insight import RLInsightLogger, say_where_it_goes
 from otel_tracking.bridges.process import start_bridges
 from otel_tracking.config.settings import Settings, build_settings
+from otel_tracking.config.traces_link import traces_link
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.registry import (
     SUPPORTED_BACKENDS,
@@ -193,7 +194,8 @@ def _after_finish(run: Run, stats: dict[str, dict[str, int]]) -> None:
 
 def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:
     """One line per sink fed by a worker (file and console are written inline: nothing to report),
-    on stderr, and where to find what was spooled."""
+    on stderr, a link to the run's traces when a trace UI is configured, and where to find what
+    was spooled."""
     queued = [sink.name for sink in run.all_sinks if not sink.inline]
     for name in queued:
         c = stats[name]
@@ -202,6 +204,10 @@ def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:
             f"spooled {c['spooled']}, dropped {c['dropped']}",
             file=sys.stderr,
         )
+    settings = run.settings
+    if settings.traces_url and settings.otlp.traces:
+        link = traces_link(settings.traces_url, settings.service_name, settings.run_id)
+        print(f"otel-tracking: the run's traces: {link}", file=sys.stderr)
     if any(stats[name]["spooled"] for name in queued):
         print(
             f"otel-tracking: deliver the spooled data with: otel-tracking replay {run.settings.spool_dir}",

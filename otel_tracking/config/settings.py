@@ -25,6 +25,7 @@ from opentelemetry.util.re import parse_env_headers
 from otel_tracking.config import paths
 from otel_tracking.config.policy import Policy
 from otel_tracking.config.resume import NEVER, Resumed, is_run_id, looks_like_a_mode, parse_mode
+from otel_tracking.config.traces_link import check_traces_url
 from otel_tracking.signals import semconv
 from otel_tracking.signals.redact import redact_header_values, scrub_text
 
@@ -132,6 +133,7 @@ class Settings:
     resume: str = NEVER  # OTEL_TRACKING_RESUME: never, auto or a run id (resume.py)
     attempt: int = 1  # ml.run.attempt: 1 for a new run, one more for each resume
     resumed: Resumed | None = None  # the previous attempt's record, when resuming found one
+    traces_url: str | None = None  # OTEL_TRACKING_TRACES_URL: a trace UI the summary links to (traces_link.py)
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -270,8 +272,16 @@ def build_settings(
         resume=mode,
         attempt=resumed.attempt if resumed else 1,
         resumed=resumed,
+        traces_url=_traces_url(e),
         env=e,
     )
+
+
+def _traces_url(env: Mapping[str, str]) -> str | None:
+    try:
+        return check_traces_url(env)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _find_resumed(
