@@ -54,6 +54,7 @@ def _request() -> dict[str, Any]:
     update["events"] = [{"timeUnixNano": str(t0 + 4_000_000), "name": "weights synced", "attributes": []}]
     failed = _span(GRANDCHILD, CHILD, "allreduce", t0 + 4_000_000, t0 + 5_000_001, ml_rank=3)
     failed["status"] = {"code": 2, "message": "NCCL timeout"}
+    root = _span(ROOT, "", "step", t0, t0 + 10_000_000, ml_step=7, ml_loss=0.25)
     return {
         "resourceSpans": [
             {
@@ -67,7 +68,7 @@ def _request() -> dict[str, Any]:
                 "scopeSpans": [
                     {
                         "scope": {"name": "otel_tracking", "version": "1"},
-                        "spans": [_span(ROOT, "", "step", t0, t0 + 10_000_000, ml_step=7, ml_loss=0.25), update, failed],
+                        "spans": [root, update, failed],
                     }
                 ],
             }

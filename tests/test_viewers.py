@@ -43,6 +43,7 @@ class DemoRun:
     out: Path
     cwd: Path
     stdout: str
+    stderr: str  # the run's summary, with the link to its traces
     lines: list[dict[str, Any]]  # the JSONL file: what was logged, step by step
     stack: Stack
     ended_at: float  # when the demo had exited (Unix time)
@@ -57,10 +58,12 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
     stack = Stack(root / "stack", Ports.free(), binaries=ensure_binaries(), spanmetrics_flush="1s")
     stack.start()
     try:
-        out, stdout = viewers.run_demo(root, stack.otlp_http_endpoint, STEPS, VAL_EVERY, LANES)
+        out, stdout, stderr = viewers.run_demo(
+            root, stack.otlp_http_endpoint, STEPS, VAL_EVERY, LANES, traces_url=stack.trace_ui_url
+        )
         ended_at = time.time()
         lines = [json.loads(line) for line in (out / f"{EXPERIMENT}.jsonl").read_text().splitlines()]
-        yield DemoRun(out, out.parent, stdout, lines, stack, ended_at)
+        yield DemoRun(out, out.parent, stdout, stderr, lines, stack, ended_at)
     finally:
         stack.stop()
 
@@ -272,6 +275,36 @@ def test_every_grafana_panel_answers_for_the_demos_run(demo: DemoRun) -> None:
     # each of the demo's rollout lanes shows as generating (1), from its generate spans
     found = {r["metric"]["ml_lane"]: float(r["value"][1]) for r in prom_query(demo.stack, lanes.query, time_=at)}
     assert found == {str(lane): 1.0 for lane in range(LANES)}
+
+
+# --- the stack's trace UI (Zipkin) ---------------------------------------------------------------
+
+
+def test_the_trace_ui_lists_the_runs_steps_and_shows_a_steps_waterfall(demo: DemoRun, opened: Viewers) -> None:
+    """The summary's link opens Zipkin's search with the run's traces listed; a step's trace is a
+    waterfall: the step root, its phases as timed children, the rollout lanes under rollout, and the
+    selected span's ``ml.*`` tags; the stack's Jaeger still answers its API."""
+    match = re.search(r"^otel-tracking: the run's traces: (\S+)$", demo.stderr, re.M)
+    assert match, demo.stderr
+    page = opened.browser.page(match.group(1))
+    text = page.wait_for_text(["Results", "otel-tracking-demo: step"])
+    assert int(re.search(r"(\d+) Results", text).group(1)) >= STEPS  # type: ignore[union-attr]
+
+    trace_id = viewers.step_trace_id(demo.stack.ports.zipkin, 3)
+    page = opened.browser.page(f"{demo.stack.trace_ui_url}traces/{trace_id}")
+    text = page.wait_for_text(["Total Spans", "Tags", "ml.step"])
+    header = re.search(r"Total Spans\n(\d+)", text)
+    assert header and int(header.group(1)) == 1 + 3 + LANES  # step, rollout/reward/update, a generate per lane
+    rows = re.findall(r"^otel-tracking-demo: (\w+)\n([\d.]+m?s)$", text, re.M)  # each bar: name, duration
+    assert [name for name, _ in rows] == ["step", "rollout", *["generate"] * LANES, "reward", "update"], text
+    # the root is selected: its tags, the run's identity among them
+    tags = dict(re.findall(r"^(ml\.[\w.]+)\t(.*)$", text, re.M))
+    assert tags["ml.step"] == "3" and tags["ml.experiment"] == EXPERIMENT and tags["ml.project"] == PROJECT
+    api = f"http://127.0.0.1:{demo.stack.ports.zipkin}/api/v2/trace/{trace_id}"
+    spans = {span["name"]: span for span in viewers.http_json(api)}
+    assert spans["rollout"]["parentId"] == spans["step"]["id"]
+    assert spans["generate"]["parentId"] == spans["rollout"]["id"]
+    assert viewers.http_json(f"{demo.stack.jaeger_url}/api/services")["data"]  # Jaeger, beside it, still answers
 
 
 # --- wandb's terminal viewer -----------------------------------------------------------------------

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -130,9 +131,17 @@ def trackio_show(trackio_dir: Path, project: str, log_dir: Path) -> Server:
 DEMO_BACKENDS = "file,tensorboard,mlflow,trackio,wandb"
 
 
-def run_demo(root: Path, otlp_endpoint: str, steps: int = 12, val_every: int = 5, lanes: int = 4) -> tuple[Path, str]:
+def run_demo(
+    root: Path,
+    otlp_endpoint: str,
+    steps: int = 12,
+    val_every: int = 5,
+    lanes: int = 4,
+    traces_url: str | None = None,
+) -> tuple[Path, str, str]:
     """``otel-tracking demo`` as a user runs it, in ``root/cwd`` with its own home and ``--out run``,
-    its OTLP to ``otlp_endpoint``; (the --out directory, what it printed)."""
+    its OTLP to ``otlp_endpoint`` (and the trace UI that ``stack up`` prints, when given); (the
+    --out directory, what it printed on stdout, on stderr)."""
     cwd, home = root / "cwd", root / "home"
     cwd.mkdir()
     home.mkdir()
@@ -142,13 +151,28 @@ def run_demo(root: Path, otlp_endpoint: str, steps: int = 12, val_every: int = 5
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint,
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        **({"OTEL_TRACKING_TRACES_URL": traces_url} if traces_url else {}),
     }
     command = [str(BIN / "otel-tracking"), "demo", "--backends", DEMO_BACKENDS, "--steps", str(steps)]
     command += ["--val-every", str(val_every), "--lanes", str(lanes), "--out", "run"]
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise ViewerError(f"the demo failed ({done.returncode}): {done.stderr[-3000:]}")
-    return cwd / "run", done.stdout
+    return cwd / "run", done.stdout, done.stderr
+
+
+def step_trace_id(zipkin_port: int, step: int) -> str:
+    """The id of the demo's trace whose root is step ``step``, as Zipkin's API lists it."""
+    query = urllib.parse.urlencode({"annotationQuery": f"ml.step={step}", "limit": "1000", "lookback": "86400000"})
+
+    def found() -> str | None:
+        for trace in http_json(f"http://{HOST}:{zipkin_port}/api/v2/traces?{query}"):
+            roots = [span for span in trace if "parentId" not in span]
+            if [root["name"] for root in roots] == ["step"] and roots[0]["tags"].get("ml.step") == str(step):
+                return str(roots[0]["traceId"])
+        return None
+
+    return wait_for(found, 60, f"step {step}'s trace in Zipkin")
 
 
 # --- the browser ---------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import time
 import warnings
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -206,7 +207,7 @@ def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:
         )
     settings = run.settings
     if settings.traces_url and settings.otlp.traces:
-        link = traces_link(settings.traces_url, settings.service_name, settings.run_id)
+        link = traces_link(settings.traces_url, settings.service_name, settings.run_id, run.started_ns, time.time_ns())
         print(f"otel-tracking: the run's traces: {link}", file=sys.stderr)
     if any(stats[name]["spooled"] for name in queued):
         print(

@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from otel_tracking.signals import semconv
 
 VARIABLE = "OTEL_TRACKING_TRACES_URL"
-# Zipkin's search page takes these; it keeps no more than its memory store holds anyway.
-_LOOKBACK = "7d"
-_LIMIT = "200"
+_LIMIT = "1000"  # traces listed: one per step (Zipkin keeps no more than its memory store holds)
+_MARGIN_MS = 60_000  # around the run's time range: clocks of other hosts, spans that end late
 
 
 def check_traces_url(env: Mapping[str, str]) -> str | None:
@@ -33,13 +32,17 @@ def check_traces_url(env: Mapping[str, str]) -> str | None:
     return raw
 
 
-def traces_link(base: str, service_name: str, run_id: str) -> str:
-    """The trace UI's page listing the run's traces (Zipkin lowercases service names)."""
+def traces_link(base: str, service_name: str, run_id: str, started_ns: int, ended_ns: int) -> str:
+    """The trace UI's search page for the run's traces, between its start and its end: Zipkin's
+    page runs the search when it opens, as it does when the time range and a limit are in the
+    address (Zipkin lowercases service names)."""
     query = urllib.parse.urlencode(
         {
             "serviceName": service_name.lower(),
             "annotationQuery": f"{semconv.RUN_ID}={run_id}",
-            "lookback": _LOOKBACK,
+            "lookback": "range",
+            "startTs": str(started_ns // 1_000_000 - _MARGIN_MS),
+            "endTs": str(ended_ns // 1_000_000 + _MARGIN_MS),
             "limit": _LIMIT,
         }
     )

@@ -203,7 +203,8 @@ class Run:
         for provider in (self.tracer_provider, self.logger_provider):
             enabled_despite_sdk_disabled(provider)
         self.tracer: Tracer = self.tracer_provider.get_tracer(semconv.SCOPE_NAME, semconv.SCOPE_VERSION)
-        self.step_roots = StepRoots(self.tracer, started_ns=time.time_ns())
+        self.started_ns = time.time_ns()  # when the run began: its first step root starts here
+        self.step_roots = StepRoots(self.tracer, started_ns=self.started_ns)
         self.event_logger = self.logger_provider.get_logger(semconv.SCOPE_NAME, semconv.SCOPE_VERSION)
 
         if driver:
