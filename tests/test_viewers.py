@@ -287,22 +287,23 @@ def test_the_trace_ui_lists_the_runs_steps_and_shows_a_steps_waterfall(demo: Dem
     match = re.search(r"^otel-tracking: the run's traces: (\S+)$", demo.stderr, re.M)
     assert match, demo.stderr
     page = opened.browser.page(match.group(1))
-    text = page.wait_for_text(["Results", "otel-tracking-demo: step"])
-    assert int(re.search(r"(\d+) Results", text).group(1)) >= STEPS  # type: ignore[union-attr]
+    text = page.wait_for_text(["Results", "otel-tracking-demo: ml.step"])
+    assert text.count("otel-tracking-demo: ml.step") == STEPS  # one trace per step, its root the step
 
     trace_id = viewers.step_trace_id(demo.stack.ports.zipkin, 3)
     page = opened.browser.page(f"{demo.stack.trace_ui_url}traces/{trace_id}")
     text = page.wait_for_text(["Total Spans", "Tags", "ml.step"])
     header = re.search(r"Total Spans\n(\d+)", text)
-    assert header and int(header.group(1)) == 1 + 3 + LANES  # step, rollout/reward/update, a generate per lane
-    rows = re.findall(r"^otel-tracking-demo: (\w+)\n([\d.]+m?s)$", text, re.M)  # each bar: name, duration
-    assert [name for name, _ in rows] == ["step", "rollout", *["generate"] * LANES, "reward", "update"], text
+    # the step root, the demo's step span, rollout/reward/update, a generate per lane
+    assert header and int(header.group(1)) == 2 + 3 + LANES
+    rows = re.findall(r"^otel-tracking-demo: ([\w.]+)\n([\d.]+m?s)$", text, re.M)  # each bar: name, duration
+    assert [name for name, _ in rows] == ["ml.step", "step", "rollout", *["generate"] * LANES, "reward", "update"]
     # the root is selected: its tags, the run's identity among them
     tags = dict(re.findall(r"^(ml\.[\w.]+)\t(.*)$", text, re.M))
     assert tags["ml.step"] == "3" and tags["ml.experiment"] == EXPERIMENT and tags["ml.project"] == PROJECT
     api = f"http://127.0.0.1:{demo.stack.ports.zipkin}/api/v2/trace/{trace_id}"
     spans = {span["name"]: span for span in viewers.http_json(api)}
-    assert spans["rollout"]["parentId"] == spans["step"]["id"]
+    assert spans["step"]["parentId"] == spans["ml.step"]["id"] and spans["rollout"]["parentId"] == spans["step"]["id"]
     assert spans["generate"]["parentId"] == spans["rollout"]["id"]
     assert viewers.http_json(f"{demo.stack.jaeger_url}/api/services")["data"]  # Jaeger, beside it, still answers
 

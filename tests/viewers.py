@@ -162,13 +162,13 @@ def run_demo(
 
 
 def step_trace_id(zipkin_port: int, step: int) -> str:
-    """The id of the demo's trace whose root is step ``step``, as Zipkin's API lists it."""
+    """The id of the trace whose root is step ``step``'s (``ml.step``), as Zipkin's API lists it."""
     query = urllib.parse.urlencode({"annotationQuery": f"ml.step={step}", "limit": "1000", "lookback": "86400000"})
 
     def found() -> str | None:
         for trace in http_json(f"http://{HOST}:{zipkin_port}/api/v2/traces?{query}"):
             roots = [span for span in trace if "parentId" not in span]
-            if [root["name"] for root in roots] == ["step"] and roots[0]["tags"].get("ml.step") == str(step):
+            if [root["name"] for root in roots] == ["ml.step"] and roots[0]["tags"].get("ml.step") == str(step):
                 return str(roots[0]["traceId"])
         return None
 
