@@ -161,9 +161,11 @@ def run_demo(
     return cwd / "run", done.stdout, done.stderr
 
 
-def step_trace_id(zipkin_port: int, step: int) -> str:
+def step_trace_id(zipkin_port: int, step: int, service: str = "otel-tracking-demo") -> str:
     """The id of the trace whose root is step ``step``'s (``ml.step``), as Zipkin's API lists it."""
-    query = urllib.parse.urlencode({"annotationQuery": f"ml.step={step}", "limit": "1000", "lookback": "86400000"})
+    query = urllib.parse.urlencode(
+        {"serviceName": service, "annotationQuery": f"ml.step={step}", "limit": "1000", "lookback": "86400000"}
+    )
 
     def found() -> str | None:
         for trace in http_json(f"http://{HOST}:{zipkin_port}/api/v2/traces?{query}"):
