@@ -1038,10 +1038,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_status(stack: Stack) -> None:
-    for name, s in stack.status().items():
+    status = stack.status()
+    for name, s in status.items():
         state = "healthy" if s["healthy"] else ("running" if s["running"] else "stopped")
         pid = s["pid"] if s["pid"] is not None else "-"
-        print(f"  {name:11s} {state:8s} pid {pid!s:8s} {s['health_url']}")
+        print(f"  {name:14s} {state:8s} pid {pid!s:8s} {s['health_url']}")
+    if status["zipkin"]["healthy"]:
+        print(f"\n  trace UI       {stack.trace_ui_url}")
+        print(f"  Jaeger API     {stack.jaeger_url}/api/traces?service=<service.name>")
+        print(f"  Prometheus     {stack.prometheus_url}")
 
 
 if __name__ == "__main__":

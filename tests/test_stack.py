@@ -387,6 +387,7 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         status = subprocess.run([*cli, "status", "--state-dir", str(state)], capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout
         assert status.stdout.count("healthy") == 5
+        assert re.search(r"^  trace UI\s+http://127\.0\.0\.1:\d+/zipkin/$", status.stdout, re.M), status.stdout
         again = subprocess.run(
             [*cli, "up", "--state-dir", str(state), "--free-ports"], capture_output=True, text=True, timeout=60
         )
