@@ -122,7 +122,7 @@ class DemoPlaces:
         if "wandb" in backends:
             hints.append(f"wandb leet {os.environ['WANDB_DIR']}/wandb/latest-run   # wandb's terminal viewer")
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-            hints.append("otel-tracking stack status   # the trace UI, Jaeger API and Prometheus URLs of the local stack")
+            hints.append("otel-tracking stack status   # the local stack's trace UI, Jaeger API and Prometheus URLs")
         return hints
 
 
