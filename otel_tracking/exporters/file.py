@@ -38,6 +38,7 @@ import fcntl
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TypeVar
@@ -79,6 +80,22 @@ class FileSink:
         self._metrics: IO[bytes] | None = None
         self._events: BinaryIO | None = None
         self._lock = threading.Lock()
+        _sinks.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child does not keep this run's files open: its copies of the descriptors would
+        hold their ``flock`` after the parent ended (an orphaned Pool worker), and the next run of
+        the experiment would write to other files.  Each descriptor is pointed at /dev/null (the
+        file object closes that later, not a number reused meanwhile); the child's own writes, if
+        any, open the files again, appending, without the lock."""
+        self._lock = threading.Lock()  # it may have been held by a parent's thread at the fork
+        for handle in (self._metrics, self._events):
+            if handle is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    null = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(null, handle.fileno())
+                    os.close(null)
+        self._metrics = self._events = None
 
     def open(self, metrics: bool = True) -> None:
         """Claim this run's files now (not at the first write) and open the metrics file, or, for a
@@ -196,6 +213,18 @@ def _move_aside(metrics_path: Path, events: Path, existing: list[Path]) -> None:
         if old.exists():
             os.replace(old, new)
 
+
+_sinks: weakref.WeakSet[FileSink] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    for sink in list(_sinks):
+        sink._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _shared: dict[Path, FileSink] = {}
 _shared_lock = threading.Lock()

@@ -5,7 +5,10 @@ A run that was not finished is finished at interpreter exit by a hook that runs 
 ``atexit``): the hooks that backends register (``wandb.init``'s, the OTel SDK's) run later
 whatever their registration order, so our exporters flush into backends that are still open.
 SIGTERM becomes ``SystemExit(143)`` and, if the main thread is stuck in native code, a watcher
-ends the process after a grace period.  The exit code each run ends with comes from here too.
+ends the process after a grace period, unless the application owns SIGTERM (its own handler,
+installed before or after ``Tracking()``): then its handler decides, and the watcher only flushes
+the runs so that their data is delivered or spooled.  A forked child carries none of this (see
+``_after_fork_in_child``).  The exit code each run ends with comes from here too.
 
 The runs themselves are ``run.py``'s: it hands its ``finish_open_runs`` to the two installers.
 """
@@ -13,6 +16,7 @@ The runs themselves are ``run.py``'s: it hands its ``finish_open_runs`` to the t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -84,33 +88,45 @@ def exit_code_now() -> int:
     return exit_code_for(error) if isinstance(error, BaseException) else 0
 
 
+# Flush this process's open runs (each sink's queue delivered, or spooled after its attempts),
+# waiting at most the given seconds.
+FlushOpenRuns = Callable[[float], None]
+_flush_open_runs: FlushOpenRuns = lambda timeout_s: None  # noqa: E731 - until a run installs
+
 _sigterm_installed = False
+_sigterm_previous: Any = signal.SIG_DFL  # what SIGTERM did before ours, restored in a forked child
 
 
-def finish_on_sigterm(finish_open_runs: FinishOpenRuns) -> None:
+def _on_sigterm(signum: int, frame: Any) -> None:
+    global _exit_code_at_exit
+    _exit_code_at_exit = 128 + signum
+    _main_thread_unwinds.set()
+    raise SystemExit(128 + signum)
+
+
+def finish_on_sigterm(finish_open_runs: FinishOpenRuns, flush_open_runs: FlushOpenRuns) -> None:
     """SIGTERM (what a scheduler sends before it kills a job) ends the process through ``SystemExit``
     instead of killing it on the spot: the main thread unwinds (``with Tracking(...)`` blocks and
     open ``trace_state`` spans end, holding no lock), then the exit hook above finishes every open
-    run with exit code 128 + SIGTERM, flushed.  A handler the application installed earlier runs
-    first; one that ignores SIGTERM is left alone.  Only the main thread can install handlers."""
-    global _sigterm_installed, _finish_open_runs
+    run with exit code 128 + SIGTERM, flushed.
+
+    An application that handles SIGTERM itself (a "checkpoint, then exit" handler, installed
+    before ``Tracking()`` or after it) keeps the decision: no handler of ours is installed over
+    one of its own, and when it replaced ours, the watcher below never ends the process; on
+    SIGTERM it only flushes the open runs, so their data is delivered or spooled whatever the
+    application does next.  One that ignores SIGTERM is left alone.  Only the main thread can
+    install handlers."""
+    global _sigterm_installed, _finish_open_runs, _flush_open_runs, _sigterm_previous
     if _sigterm_installed or threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
     if previous is signal.SIG_IGN:
         return
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        global _exit_code_at_exit
-        _exit_code_at_exit = 128 + signum
-        _main_thread_unwinds.set()
-        if callable(previous):
-            previous(signum, frame)
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    _finish_open_runs, _flush_open_runs = finish_open_runs, flush_open_runs
+    _sigterm_previous = previous
+    if not callable(previous):  # SIG_DFL (or None: installed outside Python): ours
+        signal.signal(signal.SIGTERM, _on_sigterm)
     _sigterm_installed = True
-    _finish_open_runs = finish_open_runs
     _watch_sigterm()
 
 
@@ -125,7 +141,11 @@ SIGTERM_GRACE_S = 3.0
 _main_thread_unwinds = threading.Event()  # the Python handler ran: the normal, clean path is under way
 
 
+_wakeup_pipe: tuple[int, int] | None = None  # (read, write) of the watcher's wakeup fd
+
+
 def _watch_sigterm() -> None:
+    global _wakeup_pipe
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     try:
@@ -139,6 +159,7 @@ def _watch_sigterm() -> None:
         os.close(read_fd)
         os.close(write_fd)
         return
+    _wakeup_pipe = (read_fd, write_fd)
 
     def watch() -> None:
         while True:
@@ -148,12 +169,54 @@ def _watch_sigterm() -> None:
                 return
             if not data:
                 return
-            if signal.SIGTERM in data:
+            if signal.SIGTERM not in data:
+                continue
+            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
                 timer = threading.Timer(SIGTERM_GRACE_S, _end_after_sigterm)
                 timer.daemon = True
                 timer.start()
+            else:  # the application's handler decides; our data is made safe meanwhile
+                threading.Thread(
+                    target=_flush_open_runs, args=(SIGTERM_FLUSH_S,), name="otel-tracking-sigterm-flush", daemon=True
+                ).start()
 
     threading.Thread(target=watch, name="otel-tracking-sigterm", daemon=True).start()
+
+
+SIGTERM_FLUSH_S = 10.0  # how long the flush on an application-handled SIGTERM waits, at most
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a ``multiprocessing`` worker, a DataLoader worker, a Pool) is not the
+    training process: it must not write the parent's wakeup pipe (a SIGTERM to the child would
+    reach the parent's watcher, which would end the parent), nor turn SIGTERM into ``SystemExit``
+    where the parent's program had the default.  Its inherited copy of the pipe is closed, the
+    wakeup fd and SIGTERM's disposition are what they were before ``Tracking()``; the runs it
+    inherited are the parent's, which the exit hook leaves alone (``run.py`` checks the pid)."""
+    global _wakeup_pipe, _sigterm_installed, _exit_code_at_exit, _main_thread_unwinds
+    if _wakeup_pipe is not None:
+        read_fd, write_fd = _wakeup_pipe
+        _wakeup_pipe = None
+        try:
+            current = signal.set_wakeup_fd(-1)
+            if current != write_fd:  # someone else's since: theirs stays
+                signal.set_wakeup_fd(current)
+        except ValueError:  # (not the main thread: the wakeup fd stays set, so the pipe stays open)
+            pass
+        else:
+            for fd in (read_fd, write_fd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+    if _sigterm_installed:
+        with contextlib.suppress(ValueError, TypeError):
+            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                signal.signal(signal.SIGTERM, _sigterm_previous)
+    _sigterm_installed = False
+    _exit_code_at_exit = 0
+    _main_thread_unwinds = threading.Event()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _end_after_sigterm() -> None:

@@ -213,7 +213,7 @@ class Run:
             _active_runs.append(self)
         lifecycle.finish_at_exit(_finish_open_runs)
         if driver:
-            lifecycle.finish_on_sigterm(_finish_open_runs)
+            lifecycle.finish_on_sigterm(_finish_open_runs, _flush_open_runs)
 
     @property
     def all_sinks(self) -> list[Sink]:
@@ -375,6 +375,18 @@ def _warn_forked_once() -> None:
             "otel-tracking: log() on a run inherited through fork() is ignored (the parent process owns "
             "that run and its exporters); create a Tracking in the child process instead"
         )
+
+
+def _flush_open_runs(timeout_s: float) -> None:
+    """Flush this process's open runs (SIGTERM that the application handles: its data made safe)."""
+    deadline = time.monotonic() + timeout_s
+    with _active_lock:
+        runs = [run for run in _active_runs if not run.finished and run.pid == os.getpid()]
+    for run in runs:
+        try:
+            run.flush(max(0.0, deadline - time.monotonic()))
+        except Exception:
+            logger.exception("otel-tracking: flushing the run on SIGTERM failed")
 
 
 def _finish_open_runs(exit_code: int | None = None, max_timeout_s: float | None = None) -> None:
