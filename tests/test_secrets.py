@@ -91,6 +91,14 @@ def test_tokenizer_settings_and_training_knobs_are_not(key: str) -> None:
         ("data.hf_token=abc", "data.hf_token=<redacted>"),
         ("--wandbApiKey=abc", "--wandbApiKey=<redacted>"),
         ("proxy=http://u:pw@h:1", "proxy=http://<redacted>@h:1"),
+        # quoted pairs, as str(argparse.Namespace) and libpq DSNs print them
+        ("Namespace(hf_token='hf_x y', lr=0.1)", "Namespace(hf_token='<redacted>', lr=0.1)"),
+        ("host=db password='se cret' user=u", "host=db password='<redacted>' user=u"),
+        ('--api_key="a b" --lr=1', '--api_key="<redacted>" --lr=1'),
+        # JSON (or a dict's repr) inside a string
+        ('{"api_key": "abc", "lr": "0.1"}', '{"api_key": "<redacted>", "lr": "0.1"}'),
+        ("{'token': 'xyz', 'pad_token': '<pad>'}", "{'token': '<redacted>', 'pad_token': '<pad>'}"),
+        ('{"password": "it\'s \\"q\\"", "n": 1}', '{"password": "<redacted>", "n": 1}'),
     ],
 )
 def test_credentials_in_values_are_cut_out(text: str, scrubbed: str) -> None:
@@ -407,6 +415,34 @@ def test_what_code_sets_on_a_span_itself_is_scrubbed_on_the_way_out(
 
 
 @pytest.mark.backend
+def test_span_and_event_names_are_scrubbed_and_so_are_the_tracker_keys_made_of_them(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``trace_state(f"download https://user:{pw}@host/...")``: the span's name, an event's name and
+    the ``timing_s/<name>`` key made of the name carry no credential, in OTLP or the file sink."""
+    m = {name: "Zq" + random_secrets.token_hex(12) for name in ("span", "event", "quoted")}
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        tracking = Tracking("scrub", "names", default_backend=["file", "tensorboard"])
+        with trace_state(f"download https://user:{m['span']}@host/ckpt", step=1) as span:
+            span.add_event(f"retry password={m['event']}")
+            span.record_exception(ValueError(f"connection failed: Namespace(password='{m['quoted']}')"))
+        tracking.log({"loss": 1.0}, step=1)
+        tracking.finish()
+        found = received_leaks(m, receiver)
+        names = [s["name"] for s in receiver.received.spans()]
+    found += written_leaks(m, isolated)
+    assert found == [], found
+    assert "download https://<redacted>@host/ckpt" in names
+    from tests.test_backend_tensorboard import read_events
+
+    scalars, _, _ = read_events(isolated / "tensorboard_log" / "scrub" / "names")
+    keys = [key for key in scalars if key.startswith("timing_s/")]  # the timing key, made of the scrubbed name
+    assert keys and all("https://<redacted>@host/ckpt" in key for key in keys), sorted(scalars)
+    assert not [key for key in scalars if any(marker in key for marker in m.values())]
+
+
+@pytest.mark.backend
 def test_a_planted_secret_appears_nowhere(
     isolated: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -573,3 +609,34 @@ def test_a_trackers_own_error_quoting_its_credentials_is_scrubbed(
         assert bridge.MlflowSession.open(BridgeContext("p", "e", env=env), attempts=1, retry_sleep_s=0) is None
     assert "attempt 1/1 failed: API request to http://<redacted>@127.0.0.1:1/" in caplog.text
     assert marker not in caplog.text and "mluser" not in caplog.text
+
+
+# Adversarial text for the scanners: runs of the characters the patterns look for, as a collapsed
+# generation ("The answer is ====...") has them.
+ADVERSARIAL = [
+    "=", "a=", "password=", "eyJ", "://", "@", "Bearer ", "sk-", "-----BEGIN RSA PRIVATE KEY-----", "hf_",
+    '"a": "', '"token": ', "'", ":",
+]
+
+
+@pytest.mark.parametrize("unit", ADVERSARIAL)
+def test_scrubbing_is_linear_in_the_length_of_the_text(unit: str) -> None:
+    """Four times the text costs about four times as much, not sixteen (the walk of ``=`` signs
+    and the JWT pattern were quadratic: 60 kB of ``=`` blocked ``log()`` for 19 s).  The best of
+    five runs each, as a ratio, so a loaded machine does not decide."""
+    import time
+
+    from otel_tracking.signals.redact import scrub_value
+
+    def cost(repeats: int) -> float:
+        text = "The answer is " + unit * repeats
+        best = float("inf")
+        for _ in range(5):
+            started = time.perf_counter()
+            scrub_value(text)
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    n = 20_000 // len(unit) + 1
+    small, large = cost(n), cost(4 * n)
+    assert large / max(small, 1e-6) < 9, (unit, small, large)

@@ -59,15 +59,16 @@ def scrubbed_span(span: ReadableSpan) -> ReadableSpan:
     """``span``, or a copy of it with its attributes, events, links and status scrubbed."""
     attributes = scrubbed_attributes(span.attributes)
     span_events, span_links, status = span.events, span.links, span.status
-    events = span_events and _scrubbed_all(span_events, lambda event, clean: Event(event.name, clean, event.timestamp))
+    name = _scrubbed_name(span.name)  # trace_state(f"download https://user:{pw}@host/...")
+    events = span_events and _scrubbed_events(span_events)
     links = span_links and _scrubbed_all(span_links, lambda link, clean: Link(link.context, clean))
     description = status.description and scrub_value(status.description)
     if description != status.description:
         status = Status(status.status_code, description)
-    if attributes is None and not events and not links and status is span.status:
+    if attributes is None and not events and not links and status is span.status and name == span.name:
         return span
     return ReadableSpan(
-        name=span.name,
+        name=name,
         context=span.context,
         parent=span.parent,
         resource=span.resource,
@@ -80,6 +81,25 @@ def scrubbed_span(span: ReadableSpan) -> ReadableSpan:
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,
     )
+
+
+# Span and event names repeat (one per phase): cached, as short attribute values are.
+_scrubbed_name = functools.lru_cache(maxsize=4096)(scrub_value)
+
+
+def _scrubbed_events(events: Sequence[Event]) -> list[Event] | None:
+    """Events, each rebuilt where its name or attributes had something to scrub; None when none had."""
+    out: list[Event] = []
+    changed = False
+    for event in events:
+        clean = scrubbed_attributes(event.attributes)
+        name = _scrubbed_name(event.name)
+        if clean is None and name == event.name:
+            out.append(event)
+        else:
+            changed = True
+            out.append(Event(name, clean if clean is not None else event.attributes, event.timestamp))
+    return out if changed else None
 
 
 def _scrubbed_all(items: Sequence[Any], rebuild: Callable[[Any, dict[str, Any]], Any]) -> list[Any] | None:

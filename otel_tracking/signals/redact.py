@@ -21,7 +21,9 @@ is (a nested dict under ``credentials`` goes whole).
   a password percent-encoded, and a password with a raw ``/`` is not recognised.
 * ``name=value`` pairs inside text (query strings, libpq DSNs, Hydra overrides, CLI flags) whose
   name is a secret key: ``?access_token=abc`` -> ``?access_token=<redacted>``,
-  ``data.hf_token=x`` -> ``data.hf_token=<redacted>``.
+  ``data.hf_token=x`` -> ``data.hf_token=<redacted>``; a quoted value goes inside its quotes
+  (``password='a b'``, as ``str(argparse.Namespace)`` and libpq print it).
+* ``"name": "value"`` pairs of JSON (or a dict's repr) inside text whose name is a secret key.
 * Well-known credential formats, after the plugins of ``detect-secrets`` (Yelp, 1.5): provider
   key prefixes (``sk-``, ``sk_live_``/``rk_live_``, ``ghp_``/``gho_``/``ghu_``/``ghs_``/
   ``ghr_``/``github_pat_``, ``glpat-``, ``hf_``, ``xox[abprs]-``, ``npm_``, ``pypi-AgEI``,
@@ -29,6 +31,9 @@ is (a nested dict under ``credentials`` goes whole).
   (an unterminated block goes to the end of the text), Slack webhook paths and ``Bearer`` tokens.
   What is *not* recognisable by value stays the key rule's job: a wandb API key is 40 hex
   characters, exactly like a git commit id.
+
+Every pass is linear in the text (``bench/bench_scrub.py``: runs of each character the patterns
+use, 1 MB): a collapsed generation of ``=`` signs must not stall ``log()``.
 
 **Why no detect-secrets dependency** (measured on the 2-core dev machine, Python 3.11,
 detect-secrets 1.5.0, best of several runs): importing any of its plugins costs 140-160 ms, since
@@ -171,7 +176,8 @@ _FORMATS: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
     # Slack incoming webhooks: the path is the secret
     (("hooks.slack.com/",), re.compile(r"hooks\.slack\.com/(?:services|workflows)/(?P<s>[A-Za-z0-9/_+-]+)")),
     # JWTs: base64url JSON header and payload ("eyJ" is '{"'), then the signature
-    (("eyJ",), re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")),
+    # (only where a run of its characters starts: "eyJeyJeyJ..." is tried once, not at every "eyJ")
+    (("eyJ",), re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")),
     # Authorization header values quoted in text
     (("Bearer",), re.compile(r"Bearer\s+(?P<s>[A-Za-z0-9._~+/-]{16,}=*)")),
     # provider keys by prefix
@@ -194,7 +200,7 @@ _FORMATS: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
     ),
 ]
 # Any of the literals (or "=" for name=value pairs): the one search most strings end with.
-_ANY = re.compile("|".join(re.escape(literal) for literals, _ in _FORMATS for literal in literals) + "|=")
+_ANY = re.compile("|".join(re.escape(literal) for literals, _ in _FORMATS for literal in literals) + "|=|[\"']\\s*:")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 _PAIR_VALUE = re.compile(r"[^\s&;,'\"]*")
 
@@ -206,26 +212,61 @@ def _replace(match: re.Match[str]) -> str:
     return text[: match.start("s") - start] + REDACTED + text[match.end("s") - start :]
 
 
+def _pair_value(text: str, start: int) -> tuple[int, int]:
+    """Where the value after ``name=`` at ``start`` begins and ends: inside its quotes when it is
+    quoted (``password='a b'``, as ``str(argparse.Namespace)`` and libpq DSNs print them; an
+    unclosed quote: its first word), else up to a separator."""
+    if start < len(text) and text[start] in "'\"":
+        close = text.find(text[start], start + 1)
+        if close != -1:
+            return start + 1, close
+        start += 1
+    return start, _PAIR_VALUE.match(text, start).end()  # type: ignore[union-attr]
+
+
+# JSON (or a Python dict's repr) inside a string: "api_key": "..." / 'api_key': '...'.  The value
+# ends at its closing quote, so a scan from one key never passes the next quote: linear.
+_QUOTED_PAIRS = [
+    re.compile(f"{q}(?P<k>[A-Za-z][A-Za-z0-9_.-]{{0,127}}){q}" + r"\s*:\s*" + f"{q}(?P<v>(?:[^{q}\\\\\\n]|\\\\.)*){q}")
+    for q in ('"', "'")
+]
+
+
+def _redact_quoted_pair(match: re.Match[str]) -> str:
+    if not is_secret_key(match.group("k")):
+        return match.group(0)
+    text, start = match.group(0), match.start()
+    return text[: match.start("v") - start] + REDACTED + text[match.end("v") - start :]
+
+
+_MAX_NAME = 128  # characters looked at before an "=": a longer name is judged by its end
+_NAMED_SIGN = re.compile(r"(?<=[A-Za-z0-9_.-])=")  # an "=" right after a name character (found in C)
+
+
 def _scrub_pairs(text: str) -> str:
     """``name=value`` with a secret name: the value goes.  Walks the ``=`` signs (a regex that
-    looks for a name before each would try every letter of the text)."""
+    looks for a name before each would try every letter of the text).  Linear in the text: a
+    name is looked for back to the previous ``=`` (at most ``_MAX_NAME`` characters), and a value
+    only after a secret name, so ``"===="`` or ``"a=a=a="`` costs one look per sign."""
     parts: list[str] = []
     done = 0
-    sign = text.find("=")
-    while sign != -1:
-        start = sign
-        while start > done and text[start - 1] in _NAME_CHARS:
+    found = _NAMED_SIGN.search(text)
+    while found is not None:
+        sign = start = found.start()
+        floor = max(done, sign - _MAX_NAME)
+        while start > floor and text[start - 1] in _NAME_CHARS:
             start -= 1
         while start < sign and not text[start].isalpha():  # "--hf_token=": the name is hf_token
             start += 1
         end = sign + 1
-        value_end = _PAIR_VALUE.match(text, sign + 1).end()  # type: ignore[union-attr]
-        if start < sign and value_end > end and is_secret_key(text[start:sign]):
-            end = value_end
-            parts.append(text[done : sign + 1])
-            parts.append(REDACTED)
-            done = end
-        sign = text.find("=", end)
+        if start < sign and is_secret_key(text[start:sign]):
+            value_start, value_end = _pair_value(text, end)
+            if value_end > value_start:
+                parts.append(text[done:value_start])
+                parts.append(REDACTED)
+                done = value_end
+                end = max(end, value_end)
+        found = _NAMED_SIGN.search(text, end)
     if not parts:
         return text
     parts.append(text[done:])
@@ -241,6 +282,9 @@ def scrub_value(text: str) -> str:
             text = pattern.sub(_replace, text)
     if "=" in text:
         text = _scrub_pairs(text)
+    if ":" in text and ("\"" in text or "'" in text):
+        for pattern in _QUOTED_PAIRS:
+            text = pattern.sub(_redact_quoted_pair, text)
     return text
 
 
