@@ -6,6 +6,7 @@ import json
 import math
 import re
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -245,3 +246,51 @@ def test_the_resource_is_what_any_otel_app_has_plus_the_run_identity(isolated, m
     assert "telemetry.auto.version" not in attributes
     assert attributes["team"] == "rl" and attributes["ml.project"] == "proj"
     assert "api_key" not in attributes and "s3cret" not in repr(attributes)
+
+
+# Every numeric variable the runtime reads (settings.py), and those of the SDK's OTLP exporters
+# that the configuration reference lists.
+NUMERIC_VARIABLES = [
+    "OTEL_TRACKING_FINISH_TIMEOUT",
+    "OTEL_TRACKING_START_TIMEOUT",
+    "OTEL_TRACKING_QUEUE_SIZE",
+    "OTEL_TRACKING_MAX_ATTEMPTS",
+    "OTEL_TRACKING_PROBE_INTERVAL",
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_METRIC_EXPORT_INTERVAL",
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT",
+]
+
+
+@pytest.mark.parametrize("variable", NUMERIC_VARIABLES)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity", "1e999"])
+def test_a_numeric_variable_that_is_not_finite_is_a_config_error_at_construction(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """``OTEL_TRACKING_FINISH_TIMEOUT=inf`` passed, then ``finish()`` raised ``OverflowError`` into
+    user code and the bridge process crashed; ``QUEUE_SIZE=inf`` raised it at ``Tracking()``."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=variable):
+        Tracking("proj", "exp", default_backend=["file"])
+    assert not (Path("proj") / "exp.jsonl").exists()  # nothing recorded
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("OTEL_TRACKING_QUEUE_SIZE", "2.5"), ("OTEL_TRACKING_MAX_ATTEMPTS", "1.5")]
+)
+def test_a_count_must_be_a_whole_number(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"{variable}='{value}' must be a whole number"):
+        Tracking("proj", "exp", default_backend=["file"])
+
+
+def test_every_numeric_variable_read_in_settings_is_in_the_table() -> None:
+    import inspect
+
+    from otel_tracking.config import settings as settings_module
+
+    read = set(re.findall(r'_number\(e, "(\w+)"', inspect.getsource(settings_module)))
+    assert read and read <= set(NUMERIC_VARIABLES), read - set(NUMERIC_VARIABLES)

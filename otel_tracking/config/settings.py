@@ -183,6 +183,11 @@ def build_settings(
     if not 0 < interval_ms < math.inf:  # the SDK's periodic reader starts no thread for inf or nan
         raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL={interval_raw!r} must be positive and finite")
 
+    # Read by the SDK's OTLP exporters, in seconds: checked here so a bad value is an error now.
+    for variable in ("OTEL_EXPORTER_OTLP_TIMEOUT", *(f"OTEL_EXPORTER_OTLP_{s}_TIMEOUT" for s in _SIGNALS)):
+        if _number(e, variable, 10.0, minimum=0.0) == 0 and e.get(variable, "").strip():
+            raise ConfigError(f"{variable}={e[variable]!r} must be more than 0 seconds")
+
     selected: dict[str, bool] = {}
     extras: dict[str, tuple[str, ...]] = {}
     for signal in _SIGNALS:
@@ -224,8 +229,8 @@ def build_settings(
         )
     run_id = resumed.run_id if resumed else (explicit_id or uuid.uuid4().hex)
     policy = Policy(
-        queue_size=int(_number(e, "OTEL_TRACKING_QUEUE_SIZE", Policy.queue_size, minimum=1)),
-        max_attempts=int(_number(e, "OTEL_TRACKING_MAX_ATTEMPTS", Policy.max_attempts, minimum=1)),
+        queue_size=int(_number(e, "OTEL_TRACKING_QUEUE_SIZE", Policy.queue_size, minimum=1, integer=True)),
+        max_attempts=int(_number(e, "OTEL_TRACKING_MAX_ATTEMPTS", Policy.max_attempts, minimum=1, integer=True)),
         probe_interval_s=_number(e, "OTEL_TRACKING_PROBE_INTERVAL", Policy.probe_interval_s, minimum=0.0),
         export_interval_s=_number(e, "OTEL_BSP_SCHEDULE_DELAY", 0.0, minimum=0.0) / 1000.0,
     )
@@ -313,7 +318,10 @@ def _check_endpoint(value: str, variable: str) -> None:
         raise ConfigError(f"{variable} has a malformed port: {value!r}") from None
 
 
-def _number(env: Mapping[str, str], name: str, default: float, minimum: float) -> float:
+def _number(env: Mapping[str, str], name: str, default: float, minimum: float, integer: bool = False) -> float:
+    """A finite number of at least ``minimum`` (a whole one when ``integer``), or ``ConfigError``
+    naming the variable: ``inf`` and ``nan`` are refused here, not met later as an
+    ``OverflowError`` in ``finish()`` or in the bridge process."""
     raw = env.get(name)
     if raw is None or not raw.strip():
         return default
@@ -321,8 +329,12 @@ def _number(env: Mapping[str, str], name: str, default: float, minimum: float) -
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={raw!r} must be a finite number")
     if value < minimum:
         raise ConfigError(f"{name}={raw!r} must be at least {minimum:g}")
+    if integer and value != int(value):
+        raise ConfigError(f"{name}={raw!r} must be a whole number")
     return value
 
 
