@@ -158,3 +158,47 @@ def test_a_forked_child_that_outlives_the_run_does_not_hold_its_files(tmp_path: 
         lines = [json.loads(line) for line in (tmp_path / "proj" / "exp.jsonl").read_text().splitlines()]
         assert [line["data"]["run"] for line in lines] == [float(run)] * 3
     assert len(list((tmp_path / "proj").glob("exp.*.jsonl"))) == RUNS - 1  # moved aside, none tagged with an id
+
+
+@pytest.mark.backend
+def test_project_and_experiment_names_never_climb_out_of_their_directory(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``experiment_name="../../../escaped/x"`` wrote outside the working directory (file and
+    TensorBoard sinks); now every file is under it, ``/`` still nesting as the reference nests."""
+    from otel_tracking import Tracking
+    from tests.test_backend_tensorboard import read_events
+
+    work = isolated / "deep" / "work"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    tracking = Tracking("../../proj", "../../../escaped/x", default_backend=["file", "tensorboard"])
+    tracking.log({"loss": 0.5}, step=1)
+    tracking.finish()
+    written = [p for p in isolated.rglob("*") if p.is_file() and "spool" not in p.parts]
+    assert written and all(work in p.parents for p in written), sorted(map(str, written))
+    assert _steps(work / "__" / "__" / "proj" / "__" / "__" / "__" / "escaped" / "x.jsonl") == [1]
+    scalars, _, _ = read_events(work / "tensorboard_log" / "__" / "__" / "proj" / "__" / "__" / "__" / "escaped" / "x")
+    assert scalars["loss"] == [(1, 0.5)]
+
+
+UMASK = textwrap.dedent(
+    """
+    import os
+    os.umask(0o077)
+    from otel_tracking import Tracking, trace_state
+    t = Tracking("proj", "exp", default_backend="file")
+    with trace_state("phase", step=1):
+        t.log({"loss": 1.0}, 1)
+    t.finish()
+    """
+)
+
+
+def test_the_run_files_honour_the_umask(tmp_path: Path) -> None:
+    """The events file holds prompts and model outputs: under ``umask 077`` nobody else may read
+    it (it was forced to 0644)."""
+    done = subprocess.run([sys.executable, "-c", UMASK], cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for name in ("exp.jsonl", "exp.events.jsonl"):
+        assert (tmp_path / "proj" / name).stat().st_mode & 0o777 == 0o600, name

@@ -46,19 +46,34 @@ def path_part(name: str) -> str:
     return safe
 
 
+def confined(name: str) -> str:
+    """A project or experiment name as a relative path that stays under its directory: ``/``
+    still nests (``"qwen/grpo"``, as the reference writes it), but an absolute start, ``.`` and
+    empty parts are dropped and a part of dots only (``..``) becomes underscores, so
+    ``"../../../escaped/x"`` is ``"__/__/__/escaped/x"``."""
+    parts = [part for part in re.split(r"[/\\]", name) if part not in ("", ".")]
+    kept = ["_" * len(part) if not part.strip(".") else part for part in parts]
+    return "/".join(kept) or "_"
+
+
 def file_sink_path(project: str, experiment: str, env: Mapping[str, str] | None = None) -> Path:
-    """The reference's rules: VERL_FILE_LOGGER_PATH, else <VERL_FILE_LOGGER_ROOT or .>/<project>/<experiment>.jsonl."""
+    """The reference's rules: VERL_FILE_LOGGER_PATH, else <VERL_FILE_LOGGER_ROOT or .>/<project>/<experiment>.jsonl,
+    the names :func:`confined` to that root."""
     e = _env(env)
     explicit = e.get("VERL_FILE_LOGGER_PATH")
     if explicit is not None:
         return Path(explicit)
     root = Path(os.path.expanduser(e.get("VERL_FILE_LOGGER_ROOT", ".")))
-    return root / project / f"{experiment}.jsonl"
+    return root / confined(project) / f"{confined(experiment)}.jsonl"
 
 
 def tensorboard_dir(project: str, experiment: str, env: Mapping[str, str] | None = None) -> Path:
+    """TENSORBOARD_DIR, else tensorboard_log/<project>/<experiment>, the names :func:`confined`."""
     e = _env(env)
-    return Path(e.get("TENSORBOARD_DIR", f"tensorboard_log/{project}/{experiment}"))
+    explicit = e.get("TENSORBOARD_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path("tensorboard_log") / confined(project) / confined(experiment)
 
 
 def targets_dir(env: Mapping[str, str] | None = None) -> Path | None:

@@ -132,8 +132,8 @@ class FileSink:
         if self._events is None:
             self._claim()
             self.events_path.parent.mkdir(parents=True, exist_ok=True)
+            # created with the process's umask, as the metrics file is: it holds prompts and outputs
             self._events = _locked(open(self.events_path, "ab", buffering=0))  # noqa: SIM115 - closed in close()
-            os.chmod(self.events_path, 0o644)
         return self._events
 
     def write_step(self, record: StepRecord) -> None:
