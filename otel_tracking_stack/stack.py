@@ -586,6 +586,7 @@ class Stack(_OtlpReceiver):
         env.update(
             {
                 "OTEL_TRACKING_HOST": HOST,
+                "OTEL_TRACKING_OTLP_HOST": HOST,
                 "OTEL_TRACKING_OTLP_GRPC_PORT": str(p.otlp_grpc),
                 "OTEL_TRACKING_OTLP_HTTP_PORT": str(p.otlp_http),
                 "OTEL_TRACKING_PROM_EXPORTER_PORT": str(p.prom_exporter),
@@ -607,8 +608,8 @@ class Stack(_OtlpReceiver):
     def program_env(self, name: str) -> dict[str, str]:
         """The environment ``name`` runs with: the collector listens on ``collector_host``."""
         env = self._program_env()
-        if name == "collector":
-            env["OTEL_TRACKING_HOST"] = self.collector_host
+        if name == "collector":  # only its OTLP receivers face the cluster network in gateway mode
+            env["OTEL_TRACKING_OTLP_HOST"] = self.collector_host
         if name == "zipkin":
             env.update({"STORAGE_TYPE": "mem", "MEM_MAX_SPANS": ZIPKIN_MAX_SPANS, "SELF_TRACING_ENABLED": "false"})
         return env
@@ -973,8 +974,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--gateway",
         action="store_true",
-        help="the collector listens on all interfaces (0.0.0.0), for node agents on other hosts; "
-        "Jaeger, Zipkin and Prometheus stay on 127.0.0.1",
+        help="the collector's OTLP receivers listen on all interfaces (0.0.0.0), for node agents on other "
+        "hosts; its Prometheus exporter and health port, Jaeger, Zipkin and Prometheus stay on 127.0.0.1",
     )
     sub.add_parser("down", parents=[common], help="stop the stack started by `up`")
     sub.add_parser(

@@ -419,13 +419,52 @@ def test_agent_queue_holds_everything_while_the_gateway_restarts(stack: Stack, a
         assert metrics.get(f"otelcol_exporter_enqueue_failed_{signal}", 0) == 0, metrics
 
 
-def test_gateway_mode_opens_only_the_collector(tmp_path: Path) -> None:
-    """`stack up --gateway`: the collector (the gateway) listens on all interfaces for the agents of
-    other nodes, Jaeger and Prometheus stay on loopback. No process is started."""
+def _listening(port: int) -> set[str]:
+    """Where a socket listens at ``port``: "127.0.0.1", or "all" for 0.0.0.0 and [::] (Go listens
+    on a dual-stack [::] socket for 0.0.0.0), from ``/proc/net/tcp`` and ``tcp6`` (state 0A)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if fields[3] != "0A" or int(hex_port, 16) != port:
+                continue
+            if set(address) == {"0"}:
+                found.add("all")
+            elif address in ("0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"):
+                found.add("127.0.0.1")
+            else:
+                found.add(address)
+    return found
+
+
+def test_gateway_mode_opens_only_the_collectors_otlp_ports(tmp_path: Path, binaries: dict[str, Path]) -> None:
+    """`stack up --gateway`: the real collector listens for the agents of other nodes on all
+    interfaces with its OTLP receivers only; its Prometheus exporter (every run's metrics,
+    unauthenticated) and health port stay on loopback, as Jaeger and Prometheus do."""
     gateway = Stack(tmp_path, Ports.free(), collector_host="0.0.0.0")
-    assert gateway.program_env("collector")["OTEL_TRACKING_HOST"] == "0.0.0.0"
     assert gateway.program_env("jaeger")["OTEL_TRACKING_HOST"] == "127.0.0.1"
-    assert Stack(tmp_path, Ports.free()).program_env("collector")["OTEL_TRACKING_HOST"] == "127.0.0.1"
+    log = tmp_path / "collector.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(binaries["collector"]), "--config", str(gateway.collector_config)],
+            env=gateway.program_env("collector"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        ports = gateway.ports
+        poll(lambda: _listening(ports.collector_health), 60, what="the collector's health port")
+        poll(lambda: _listening(ports.prom_exporter), 60, what="the collector's exporter")
+        poll(lambda: _listening(ports.otlp_http), 60, what="the collector's OTLP/HTTP receiver")
+        assert _listening(ports.otlp_grpc) == {"all"} and _listening(ports.otlp_http) == {"all"}
+        assert _listening(ports.prom_exporter) == {"127.0.0.1"}
+        assert _listening(ports.collector_health) == {"127.0.0.1"}
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    local = Stack(tmp_path, Ports.free()).program_env("collector")
+    assert local["OTEL_TRACKING_OTLP_HOST"] == local["OTEL_TRACKING_HOST"] == "127.0.0.1"
 
 
 def test_agent_config_never_gives_up_and_is_bounded(binaries: dict[str, Path]) -> None:
