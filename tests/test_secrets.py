@@ -443,6 +443,53 @@ def test_span_and_event_names_are_scrubbed_and_so_are_the_tracker_keys_made_of_t
 
 
 @pytest.mark.backend
+@pytest.mark.parametrize("shape", ["namespace", "object", "pydantic"])
+def test_every_config_shape_a_tracker_accepts_is_redacted(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    """``config=argparse.Namespace(...)`` (the common non-Hydra config; wandb accepts it), an
+    object with attributes, a pydantic model: their credentials never reach the offline run files
+    that ``wandb sync`` uploads, and the rest of the config does, as wandb shows it."""
+    import argparse
+
+    import pydantic
+    import wandb
+
+    from tests import readers_wandb
+
+    wandb.teardown()
+    for var, sub in (("WANDB_DIR", "wandb"), ("WANDB_CACHE_DIR", "wandb/cache"), ("WANDB_CONFIG_DIR", "wandb/config")):
+        (isolated / sub).mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv(var, str(isolated / sub))
+    m = {name: "Zq" + random_secrets.token_hex(12) for name in ("wandb_api_key", "hf_token", "nested")}
+
+    class Plain:
+        def __init__(self, **values: Any) -> None:
+            self.__dict__.update(values)
+
+    class Model(pydantic.BaseModel):
+        wandb_api_key: str
+        hf_token: str
+        lr: float
+        data: dict[str, Any]
+
+    values = {"wandb_api_key": m["wandb_api_key"], "hf_token": m["hf_token"], "lr": 1e-6}
+    nested = {"path": "/data/gsm8k", "password": m["nested"]}
+    config = {
+        "namespace": lambda: argparse.Namespace(**values, data=argparse.Namespace(**nested)),
+        "object": lambda: Plain(**values, data=Plain(**nested)),
+        "pydantic": lambda: Model(**values, data=nested),
+    }[shape]()
+    tracking = Tracking("scrub", f"config-{shape}", default_backend=["wandb"], config=config)
+    tracking.log({"loss": 1.0}, step=1)
+    tracking.finish()
+    assert written_leaks(m, isolated) == []
+    stored = readers_wandb.only_run(isolated / "wandb").config()
+    assert stored["lr"] == 1e-6 and stored["wandb_api_key"] == REDACTED and stored["hf_token"] == REDACTED
+    assert stored["data"] == {"path": "/data/gsm8k", "password": REDACTED}
+
+
+@pytest.mark.backend
 def test_a_planted_secret_appears_nowhere(
     isolated: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -67,7 +67,9 @@ is outside our reach.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
+import inspect
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -332,9 +334,37 @@ def scrub_strings(value: Any) -> Any:
 
 
 def redact_config(config: Any) -> Any:
-    """A copy of ``config`` (dicts, lists, dataclasses, OmegaConf-like mappings) with secrets
-    replaced, by key and by value.  The caller's config is not modified."""
+    """A copy of ``config`` with secrets replaced, by key and by value, in every shape a tracker
+    accepts as a config: dicts and OmegaConf-like mappings, dataclasses, ``argparse.Namespace``,
+    pydantic models (``model_dump()``), and any other object by its attributes (``vars()``), each
+    made a dict, however nested; lists and tuples walked.  The caller's config is not modified."""
+    shaped = _config_mapping(config)
+    if shaped is not None:
+        return {k: (REDACTED if is_secret_key(k) else redact_config(v)) for k, v in shaped.items()}
+    if isinstance(config, list):
+        return [redact_config(v) for v in config]
+    if isinstance(config, tuple):
+        return tuple(redact_config(v) for v in config)
     return redact(config)
+
+
+def _config_mapping(value: Any) -> Mapping[Any, Any] | None:
+    """The keys and values of a config-shaped object, or None for anything else (a string, a
+    number, a list, a function, a class)."""
+    if value is None or isinstance(value, (str, bytes, int, float, bool, list, tuple, type)):
+        return None
+    if isinstance(value, Mapping) or _is_mapping_like(value):
+        return value
+    if dataclasses.is_dataclass(value):
+        return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
+    model_dump = getattr(value, "model_dump", None)  # pydantic 2
+    if callable(model_dump):
+        dumped = model_dump()
+        return dumped if isinstance(dumped, Mapping) else None
+    if callable(value) or inspect.ismodule(value) or isinstance(value, enum.Enum):
+        return None
+    attributes = getattr(value, "__dict__", None)  # argparse.Namespace, SimpleNamespace, plain objects
+    return attributes if isinstance(attributes, Mapping) else None
 
 
 def _is_mapping_like(value: Any) -> bool:
