@@ -202,3 +202,55 @@ def test_the_run_files_honour_the_umask(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     for name in ("exp.jsonl", "exp.events.jsonl"):
         assert (tmp_path / "proj" / name).stat().st_mode & 0o777 == 0o600, name
+
+
+THREAD_TRAINS = textwrap.dedent(
+    """
+    import threading, time
+    from otel_tracking import Tracking
+
+    t = Tracking("proj", "exp", default_backend=["file", "tensorboard"])
+
+    def train():
+        for step in range(20):
+            t.log({"loss": 1.0 / (step + 1)}, step)
+            time.sleep(0.05)
+        print("trained", flush=True)
+
+    threading.Thread(target=train).start()  # not a daemon: the interpreter waits for it
+    print("main returns", flush=True)
+    """
+)
+
+
+@pytest.mark.backend
+def test_a_run_ends_when_the_interpreter_exits_not_when_the_main_thread_returns(tmp_path: Path) -> None:
+    """The main thread returns while a non-daemon thread trains: the run was finished at once and
+    19 of 20 steps were ignored in silence; now every step is in the file and in TensorBoard."""
+    from tests.test_backend_tensorboard import read_events
+
+    for attempt in range(RUNS):
+        cwd = tmp_path / str(attempt)
+        cwd.mkdir()
+        done = subprocess.run(
+            [sys.executable, "-c", THREAD_TRAINS], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.splitlines()[-2:] == ["main returns", "trained"]
+        assert _steps(cwd / "proj" / "exp.jsonl") == list(range(20))
+        scalars, _, _ = read_events(cwd / "tensorboard_log" / "proj" / "exp")
+        assert [step for step, _ in scalars["loss"]] == list(range(20))
+        assert "not recorded" not in done.stderr
+
+
+def test_a_log_after_the_run_finished_says_so_once(isolated: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from otel_tracking import Tracking
+
+    tracking = Tracking("proj", "exp", default_backend=["file"])
+    tracking.log({"loss": 1.0}, step=1)
+    tracking.finish()
+    tracking.log({"loss": 2.0}, step=2)
+    tracking.log({"loss": 3.0}, step=3)
+    said = [r.getMessage() for r in caplog.records if "after run" in r.getMessage()]
+    assert len(said) == 1 and "log() at step 2 after run" in said[0] and "not recorded" in said[0]
+    assert _steps(isolated / "proj" / "exp.jsonl") == [1]

@@ -34,6 +34,16 @@ _finish_open_runs: FinishOpenRuns = lambda exit_code, max_timeout_s: None  # noq
 
 
 def _at_exit() -> None:
+    # threading's exit hooks run when the main thread ends, before the interpreter joins the
+    # non-daemon threads: one of them may still be training.  Then the runs end at ``atexit``
+    # time instead, after those threads are joined, and still before the backends' own hooks
+    # (``atexit`` runs the last registered first, and this is registered last).
+    if any(
+        thread.is_alive() and not thread.daemon and thread is not threading.current_thread()
+        for thread in threading.enumerate()
+    ):
+        atexit.register(_finish_open_runs, None, None)
+        return
     _finish_open_runs(None, None)
 
 
@@ -47,7 +57,8 @@ _exit_hook_pid: int | None = None
 
 def finish_at_exit(finish_open_runs: FinishOpenRuns) -> None:
     """Once per process: at interpreter exit, ``finish_open_runs()`` (every run still open, newest
-    first), before any ``atexit`` hook."""
+    first), before any ``atexit`` hook; when non-daemon threads still run as the main thread
+    ends, after they were joined (``_at_exit``)."""
     global _exit_hook_pid, _finish_open_runs
     if _exit_hook_pid == os.getpid():
         return

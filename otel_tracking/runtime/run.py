@@ -268,6 +268,7 @@ class Run:
                 raise
             others_json = checked_others(others)
         if self.finished:
+            self._warn_logged_after_finish(step)
             return
         if self.pid != os.getpid():  # a forked child must not re-export its parent's run
             _warn_forked_once()
@@ -287,6 +288,19 @@ class Run:
         self.last_step = step
         if self.driver:
             self.step_roots.step_logged(step, now)
+
+    _said_logged_after_finish = False
+
+    def _warn_logged_after_finish(self, step: int) -> None:
+        """A ``log()`` after the run ended is not recorded, and says so once (a thread that still
+        trains after ``finish()``, or after the exit hook ended the run)."""
+        if not self._said_logged_after_finish:
+            self._said_logged_after_finish = True
+            logger.warning(
+                "otel-tracking: log() at step %s after run %s finished is not recorded, nor is any later one",
+                step,
+                self.settings.run_id,
+            )
 
     def observe(self, data: Mapping[str, Any], step: Any) -> None:
         """Numbers for the observability path only (OTLP gauges), as ``RLInsightLogger.log`` sends
