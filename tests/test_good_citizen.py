@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -254,3 +255,60 @@ def test_a_log_after_the_run_finished_says_so_once(isolated: Path, caplog: pytes
     said = [r.getMessage() for r in caplog.records if "after run" in r.getMessage()]
     assert len(said) == 1 and "log() at step 2 after run" in said[0] and "not recorded" in said[0]
     assert _steps(isolated / "proj" / "exp.jsonl") == [1]
+
+
+SLOW_FINISH = textwrap.dedent(
+    """
+    from otel_tracking import Tracking, trace_state
+    t = Tracking("proj", "exp", default_backend="file")
+    for step in range(30):
+        with trace_state("phase", step=step):
+            t.log({"loss": 1.0 / (step + 1)}, step)
+    print("finishing", flush=True)
+    t.finish()
+    print("finish returned", flush=True)
+    """
+)
+
+
+def test_sigterm_during_finish_spools_what_is_left_prints_the_summary_and_exits_143(
+    tmp_path: Path, isolated: Path
+) -> None:
+    """A scheduler's preemption while ``finish()`` drains an endpoint that takes nothing: the
+    process ended at once with 143, nothing spooled, no summary; now what was queued is spooled,
+    the summary says so, and the exit code is still 143."""
+    import threading
+
+    from tests.otlp_receiver import HttpReceiver
+    from tests.servers import DelayProxy
+
+    for attempt in range(RUNS):
+        cwd = tmp_path / str(attempt)
+        cwd.mkdir()
+        with HttpReceiver() as receiver, DelayProxy(receiver.port, gate=threading.Event()) as hung:
+            # the gate never opens: the endpoint takes nothing
+            env = {
+                **_env(),
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{hung.port}",
+                "OTEL_TRACKING_FINISH_TIMEOUT": "600",  # without the fix, finish() would wait this long
+                "OTEL_TRACKING_SPOOL_DIR": str(cwd / "spool"),
+            }
+            process = subprocess.Popen(
+                [sys.executable, "-c", SLOW_FINISH], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert process.stdout is not None
+            for line in process.stdout:  # until the script says it is in finish()
+                if line.strip() == "finishing":
+                    break
+            time.sleep(1.0)  # finish() is draining now
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=120)
+        assert process.returncode == 128 + signal.SIGTERM, err[-3000:]
+        assert "finish returned" not in out
+        summary = re.finditer(r"otel-tracking: (otlp-\w+): .* spooled (\d+)", err)
+        spooled = {m.group(1): int(m.group(2)) for m in summary}
+        assert spooled.get("otlp-traces", 0) > 0, err[-3000:]
+        assert "otel-tracking replay" in err
+        assert list((cwd / "spool").rglob("*.jsonl")) or list((cwd / "spool").rglob("*")), "nothing on disk"
+        assert _steps(cwd / "proj" / "exp.jsonl") == list(range(30))

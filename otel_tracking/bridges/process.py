@@ -79,7 +79,7 @@ from otel_tracking.bridges.wire import (
     write_frame,
 )
 from otel_tracking.config.settings import ConfigError, Settings
-from otel_tracking.delivery.engine import Ledger, Policy, Worker, item_count, set_aside
+from otel_tracking.delivery.engine import HURRY, Ledger, Policy, Worker, item_count, set_aside
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.registry import RunConfig
 from otel_tracking.delivery.spool import Spool
@@ -452,7 +452,7 @@ class BridgeProcess:
             if window <= 0:
                 return None
             reply = self._receive(expected, min(window, 1.0), request)
-            if reply is not None or self._dead or self.process.poll() is not None:
+            if reply is not None or self._dead or self.process.poll() is not None or HURRY.is_set():
                 return reply
 
     # --- the end ---------------------------------------------------------------------------------
@@ -486,7 +486,7 @@ class BridgeProcess:
             self._close()
             threading.Thread(target=self.process.wait, name="otel-tracking-reaper", daemon=True).start()
             return
-        if not self._dead:
+        if not self._dead and not HURRY.is_set():
             logger.warning(
                 "otel-tracking: the bridge process made no progress for %.0f s while it finished; stopping it",
                 timeout_s + GRACE_S,

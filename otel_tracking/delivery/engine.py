@@ -43,6 +43,11 @@ from otel_tracking.delivery.spool import Spool
 
 logger = logging.getLogger("otel_tracking")
 
+# Set by SIGTERM while a run finishes (runtime/lifecycle.py): a scheduler is about to kill the
+# process, so every drain stops waiting and what is left is spooled at once.
+HURRY = threading.Event()
+_HURRY_POLL_S = 0.25  # how soon a drain that waits notices HURRY
+
 _MERGEABLE = ("spans", "logs")  # consecutive items of these kinds go out in one export call
 _MAX_MERGE = 512
 _MAX_GROUP = 256  # metric items handed to a deliver_many in one call
@@ -408,11 +413,12 @@ class Worker:
                 while self._items or self._inflight is not None:
                     now = time.monotonic()
                     stalled_at = max(since, self._last_delivery) + stall_s
-                    if now >= stalled_at:
+                    if now >= stalled_at or HURRY.is_set():
                         return "stalled"
                     if now >= until:
                         return "moving"
-                    self._lock.wait(min(stalled_at, until) - now)  # woken as each item is done
+                    # woken as each item is done, and often enough to notice HURRY
+                    self._lock.wait(min(stalled_at, until, now + _HURRY_POLL_S) - now)
                 return "drained"
             finally:
                 self._hurry -= 1
@@ -439,7 +445,7 @@ class Worker:
             self._closed = True
             self._lock.notify_all()
             stalled_at = max(since, self._last_delivery) + stall_s
-        self._thread.join(max(0.1, stalled_at - time.monotonic()))
+        self._thread.join(0.1 if HURRY.is_set() else max(0.1, stalled_at - time.monotonic()))
         given_up: list[tuple[list[Any], str]] = []
         with self._lock:
             inflight = self._inflight if self._thread.is_alive() else None

@@ -22,8 +22,10 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from otel_tracking.delivery.engine import HURRY
 
 logger = logging.getLogger("otel_tracking")
 
@@ -34,6 +36,8 @@ _finish_open_runs: FinishOpenRuns = lambda exit_code, max_timeout_s: None  # noq
 
 
 def _at_exit() -> None:
+    global _interpreter_exiting
+    _interpreter_exiting = True
     # threading's exit hooks run when the main thread ends, before the interpreter joins the
     # non-daemon threads: one of them may still be training.  Then the runs end at ``atexit``
     # time instead, after those threads are joined, and still before the backends' own hooks
@@ -112,7 +116,39 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     global _exit_code_at_exit
     _exit_code_at_exit = 128 + signum
     _main_thread_unwinds.set()
+    if _finishing_in_main_thread:
+        # finish() is draining (a slow endpoint): unwinding now would leave its queues unspooled
+        # and print no summary.  Every drain stops waiting instead, what is left is spooled, and
+        # finish() raises SystemExit(143) once it is done (``sigterm_during_finish``).
+        HURRY.set()
+        return
     raise SystemExit(128 + signum)
+
+
+_finishing_in_main_thread = False
+
+
+@contextlib.contextmanager
+def finishing() -> Iterator[None]:
+    """Around a run's ``finish()``: in the main thread, SIGTERM hurries it instead of unwinding it."""
+    global _finishing_in_main_thread
+    if threading.current_thread() is not threading.main_thread() or _finishing_in_main_thread:
+        yield
+        return
+    _finishing_in_main_thread = True
+    try:
+        yield
+    finally:
+        _finishing_in_main_thread = False
+
+
+def sigterm_during_finish() -> bool:
+    """SIGTERM came while a run finished; the caller of ``finish()`` ends with ``SystemExit(143)``
+    unless the interpreter is exiting already (then the exit code stays the program's)."""
+    return HURRY.is_set() and not _interpreter_exiting
+
+
+_interpreter_exiting = False
 
 
 def finish_on_sigterm(finish_open_runs: FinishOpenRuns, flush_open_runs: FlushOpenRuns) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -323,7 +324,16 @@ class Run:
     # --- the end ---------------------------------------------------------------------------------
 
     def finish(self, exit_code: int = 0) -> dict[str, dict[str, int]]:
-        """Flush everything in order and end every backend's run; returns per-sink counts."""
+        """Flush everything in order and end every backend's run; returns per-sink counts.  A
+        SIGTERM meanwhile (a scheduler's preemption while a slow backend drains) spools what is
+        left at once, prints the summary, then raises ``SystemExit(143)`` (``lifecycle.py``)."""
+        with lifecycle.finishing():
+            stats = self._finish(exit_code)
+        if lifecycle.sigterm_during_finish() and threading.current_thread() is threading.main_thread():
+            raise SystemExit(128 + signal.SIGTERM)
+        return stats
+
+    def _finish(self, exit_code: int) -> dict[str, dict[str, int]]:
         with self._finish_lock:
             if self.finished:
                 return self.stats()
