@@ -11,10 +11,16 @@ bound them earlier gets ours too.  ``RLInsightLogger`` stays verl's class, calle
   values through ``Tracking``), then verl's;
 * ``register_metrics`` (which ``register_rollout_metrics`` and ``register_transfer_queue_metrics``
   call): the scrape targets recorded as ours are (``otel_tracking.distributed.targets``), then verl's.
+
+Each wrapper takes ``*args, **kwargs`` and hands them to verl's method untouched; what it needs of
+them it reads by the names of that method's own signature (``_arguments``), so a verl whose
+methods take one more keyword, take ``state_lane_id`` by position or order their optional
+arguments differently is called as it expects, and our side still finds each argument.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -102,15 +108,38 @@ def _close_span(state: Any, exc: BaseException | None) -> None:
         state.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc is not None else None)
 
 
+def _arguments(verl_function: Any, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by the names of verl's own signature (whatever their order, whichever
+    are positional, whatever a newer verl added), keyword catch-alls merged in; ``TypeError``
+    when verl itself would refuse the call (then verl is called as it is and raises its own)."""
+    signature = inspect.signature(verl_function)
+    bound = signature.bind(cls, *args, **kwargs)
+    arguments = dict(bound.arguments)
+    for name, parameter in signature.parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(arguments.pop(name, {}))
+    return arguments
+
+
 def _trace_state(verl_trace_state: Any) -> Any:
     verl_function = verl_trace_state.__func__  # the contextmanager function under the classmethod
+    names = list(inspect.signature(verl_function).parameters)
+    state_param = names[1] if len(names) > 1 else "state_name"  # after cls
+
+    def open_span(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        arguments = _arguments(verl_function, cls, args, kwargs)
+        arguments.pop(names[0], None)  # cls
+        state_name = arguments.pop(state_param)
+        lane = arguments.pop("state_lane_id", None)
+        return _open_span(state_name, lane, arguments)  # what else it was given: labels
 
     @contextmanager
-    def trace_state(cls: Any, state_name: str, *, state_lane_id: Any = None, **labels: Any) -> Iterator[None]:
-        state = quietly("trace_state span", _open_span, state_name, state_lane_id, labels)
+    def trace_state(cls: Any, *args: Any, **kwargs: Any) -> Iterator[None]:
+        # verl's arguments go to verl untouched; the span takes what it understands of them
+        state = quietly("trace_state span", open_span, cls, args, kwargs)
         try:
             if _verl_enabled(cls):  # rl_insight gets it too
-                with verl_function(cls, state_name, state_lane_id=state_lane_id, **labels):
+                with verl_function(cls, *args, **kwargs):
                     yield
             else:
                 yield
@@ -135,9 +164,13 @@ def _gauges(data: Any, step: Any) -> None:
 def _log(verl_log: Any) -> Any:
     verl_function = verl_log.__func__
 
-    def log(cls: Any, data: Any, step: Any) -> Any:
-        quietly("RLInsightLogger.log", _gauges, data, step)
-        return verl_function(cls, data, step)
+    def gauges(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        arguments = _arguments(verl_function, cls, args, kwargs)
+        _gauges(arguments["data"], arguments["step"])
+
+    def log(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        quietly("RLInsightLogger.log", gauges, cls, args, kwargs)
+        return verl_function(cls, *args, **kwargs)
 
     return classmethod(log)
 
@@ -151,8 +184,12 @@ def _targets(server_addresses: Any, job_name: Any, labels: Any) -> None:
 def _register_metrics(verl_register: Any) -> Any:
     verl_function = verl_register.__func__
 
-    def register_metrics(cls: Any, server_addresses: Any, job_name: Any = None, labels: Any = None) -> Any:
-        quietly("RLInsightLogger.register_metrics", _targets, server_addresses, job_name, labels)
-        return verl_function(cls, server_addresses, job_name, labels)
+    def targets(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        arguments = _arguments(verl_function, cls, args, kwargs)  # by name: reordered ones stay apart
+        _targets(arguments["server_addresses"], arguments.get("job_name"), arguments.get("labels"))
+
+    def register_metrics(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        quietly("RLInsightLogger.register_metrics", targets, cls, args, kwargs)
+        return verl_function(cls, *args, **kwargs)
 
     return classmethod(register_metrics)
