@@ -48,6 +48,9 @@ class Received:
     # UNAVAILABLE); `refused` counts those requests per signal.
     unavailable: bool = False
     refused: dict[str, int] = field(default_factory=dict)
+    # Set `answer_after_s` to hold each answer that long after the request was taken (a slow
+    # collector: what a sender killed meanwhile sent has arrived, and the sender never knew).
+    answer_after_s: float = 0.0
 
     def refuse(self, kind: str) -> bool:
         with self.lock:
@@ -168,6 +171,8 @@ class HttpReceiver:
                 message = request_type()
                 message.ParseFromString(body)
                 received.add(kind, message, {k.lower(): v for k, v in self.headers.items()})
+                if received.answer_after_s:
+                    time.sleep(received.answer_after_s)
                 payload = response_type().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")

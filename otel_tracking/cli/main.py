@@ -113,8 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="deliver spooled data (what a sink could not take) into its sink",
         epilog="Each file goes where its run went (the OTLP endpoint or MLflow URI kept in its header) unless "
         "OTEL_EXPORTER_OTLP_ENDPOINT or MLFLOW_TRACKING_URI say otherwise. A file delivered in full is renamed "
-        "*.replayed and not replayed again. Exit code 0 when everything was delivered; 1 when something was not "
-        "(kept for the next replay) or was damaged, for a path that does not exist and for a *.replayed file.",
+        "*.replayed and not replayed again. Stopped (Ctrl-C, SIGTERM, a kill), the next replay goes on where it "
+        "stopped: no record is delivered twice. Exit code 0 when everything was delivered; 1 when something was not "
+        "(kept for the next replay), was damaged or set aside in doubt, for a path that does not exist and for a "
+        "*.replayed file; 130 when interrupted.",
     )
     replay.add_argument(
         "paths", nargs="*", help="spool files or directories (default: the whole spool, OTEL_TRACKING_SPOOL_DIR)"

@@ -8,6 +8,11 @@ id), and exports every item in order.  A fully replayed file is renamed ``*.repl
 is delivered twice; naming one is refused); items that still fail are written back for the next
 replay.  It says, per file, what was delivered (in records, and in the items a run's summary
 counts), then sums up all files.
+
+A replay that is interrupted goes on where it stopped (:class:`Position`): each record is delivered
+at most once, however often replay is stopped and started again.  Ctrl-C or SIGTERM stop it
+between two records; a replay killed while a record was on its way sets that one record aside
+(``*.in-doubt``, said so) rather than deliver it a second time.
 """
 
 from __future__ import annotations
@@ -15,18 +20,22 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any, TextIO
 
 from otel_tracking.config.paths import spool_root
 from otel_tracking.config.settings import build_settings
 from otel_tracking.delivery.engine import item_count
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.spool import Damaged, Spool, read_spool, unframe
+from otel_tracking.delivery.spool import Damaged, Spool, read_spool_from, unframe
 
 REPLAYED = ".replayed"  # the suffix of a file delivered in full
+IN_DOUBT = ".in-doubt"  # records a killed replay had on their way: delivered or not, nobody knows
 _OTLP = {"otlp-metrics": "metrics", "otlp-traces": "traces", "otlp-logs": "logs"}
 
 
@@ -78,6 +87,99 @@ def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None
     return build_sink(name, settings, RunConfig(), resume=header.get("resume"))
 
 
+class Position:
+    """How far the replay of one spool file got, kept beside it in ``<file>.position`` so that a
+    replay stopped by Ctrl-C, SIGTERM or SIGKILL goes on from there instead of delivering again.
+
+    One fixed-width line, rewritten in place (one ``pwrite``) before and after each record: the
+    spool file's inode (a file replaced since, by a replay that ended, makes the position stale),
+    the offset of the next record, the length of the ``.retry`` file so far (records the backend
+    refused: the next replay truncates it there, so none is written twice) and whether that next
+    record is on its way.  No fsync: it is there for a process that stops, and the page cache
+    outlives the process (a machine that crashes may deliver its last records again)."""
+
+    _FORMAT = "{:020d} {:020d} {:020d} {:d}\n"
+
+    def __init__(self, path: Path, inode: int, offset: int | None, retry_length: int, in_flight: bool) -> None:
+        self.path, self.inode = path, inode
+        self.offset, self.retry_length, self.in_flight = offset, retry_length, in_flight
+        self._fd: int | None = None
+
+    @classmethod
+    def of(cls, spool_path: Path, inode: int) -> Position:
+        """The position left by an earlier replay of the file with this inode, or the start."""
+        path = spool_path.with_name(spool_path.name + ".position")
+        try:
+            inode_s, offset_s, retry_s, flight_s = path.read_text().split()
+            if int(inode_s) == inode:
+                return cls(path, inode, int(offset_s), int(retry_s), flight_s == "1")
+        except (OSError, ValueError):  # none, or a torn first write: nothing was delivered yet
+            pass
+        return cls(path, inode, None, 0, False)
+
+    @property
+    def resumed(self) -> bool:
+        return self.offset is not None
+
+    def mark(self, offset: int, retry_length: int, in_flight: bool) -> None:
+        self.offset, self.retry_length, self.in_flight = offset, retry_length, in_flight
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.pwrite(self._fd, self._FORMAT.format(self.inode, offset, retry_length, in_flight).encode(), 0)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def remove(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _set_aside_in_doubt(path: Path, offset: int) -> int:
+    """Move the record at ``offset`` (the one a killed replay had on its way) to ``<file>.in-doubt``
+    and return the offset after it."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        line = f.readline()
+        while line and not line.strip():  # blank lines before it (the reader skips them too)
+            offset += len(line)
+            line = f.readline()
+    doubt = path.with_name(path.name + IN_DOUBT)
+    with open(doubt, "ab") as f:
+        f.write(line)
+    os.chmod(doubt, 0o600)
+    return offset + len(line)
+
+
+class Interrupt:
+    """Ctrl-C and SIGTERM, while replay runs: the first stops it after the record on its way
+    (what is delivered and what is not stay told apart); a second one stops it at once."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested.is_set():
+            raise KeyboardInterrupt
+        self.requested.set()
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+_NEVER = Interrupt()  # replay_file called on its own: nothing stops it
+
+
 class Progress:
     """A one-line bar of a file's records, filled as far as they were *delivered*, redrawn in place
     on a terminal.  Anywhere else (a pipe, a log file) it draws nothing: the line that follows each
@@ -114,9 +216,20 @@ class Progress:
         self.out.write(line + "\n")
 
 
-def _records_in(path: Path) -> int:
+def _records_in(path: Path, start: int | None = None) -> tuple[int, int]:
+    """(records before ``start``, records from there on), less the header."""
+    before = after = 0
     with open(path, "rb") as f:
-        return max(0, sum(1 for line in f if line.strip()) - 1)  # less the header
+        f.readline()  # the header
+        offset = f.tell()
+        for line in f:
+            if line.strip():
+                if start is not None and offset < start:
+                    before += 1
+                else:
+                    after += 1
+            offset += len(line)
+    return before, after
 
 
 def _end_record(path: Path) -> int | None:
@@ -132,21 +245,26 @@ def _end_record(path: Path) -> int | None:
     return None
 
 
-_COUNTS = ("records", "delivered", "failed", "damaged", "items", "items_delivered", "busy", "skipped")
+_COUNTS: tuple[str, ...] = ("records", "delivered", "failed", "damaged", "items", "items_delivered")
+_COUNTS += ("busy", "skipped", "interrupted", "in_doubt")
 
 
 def _counts(**nonzero: int) -> dict[str, int]:
     """One file's outcome: its records (less an end record), those delivered, failed (kept for the
     next replay) and damaged (skipped); the items in them (spans, log records, log() calls: what
-    a run's summary counts) and those delivered; busy (another process writes the file) and
-    skipped (not replayed at all, already said why)."""
+    a run's summary counts) and those delivered; busy (another process writes the file),
+    skipped (not replayed at all, already said why), interrupted (stopped before its end, goes on
+    at the next replay) and in_doubt (set aside: a killed replay had them on their way)."""
     return {**dict.fromkeys(_COUNTS, 0), **nonzero}
 
 
-def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | None = None) -> dict[str, int]:
-    """Deliver one spool file into its sink, record by record (never loading the file whole).
-    A damaged record is skipped and named (file and byte offset); what the sink refuses is kept
-    for the next replay; a file another process still writes is left alone."""
+def replay_file(
+    path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | None = None, interrupt: Interrupt = _NEVER
+) -> dict[str, int]:
+    """Deliver one spool file into its sink, record by record (never loading the file whole),
+    from where an earlier replay of it stopped.  A damaged record is skipped and named (file and
+    byte offset); what the sink refuses is kept for the next replay; a file another process still
+    writes is left alone; ``interrupt`` stops it between two records."""
     with open(path, "rb") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -159,7 +277,16 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
         if os.fstat(lock.fileno()).st_size == 0:
             out.write(f"{path}: empty (its process stopped before writing to it); nothing to replay\n")
             return _counts()
-        header, records = read_spool(path)
+        position = Position.of(path, os.fstat(lock.fileno()).st_ino)
+        in_doubt = 0
+        if position.in_flight and position.offset is not None:
+            position.mark(_set_aside_in_doubt(path, position.offset), position.retry_length, False)
+            in_doubt = 1
+            out.write(
+                f"{path}: a replay was killed while one record was on its way; it may or may not have arrived, "
+                f"so it is not delivered again: set aside in {path.name}{IN_DOUBT}\n"
+            )
+        header, records = read_spool_from(path, position.offset)
         if not header.get("sink"):
             out.write(f"{path}: its header is damaged; nothing to rebuild the sink from; skipped\n")
             return _counts(damaged=1, skipped=1)
@@ -170,49 +297,70 @@ def replay_file(path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | N
         out.write(f"{header['sink']}: {path} -> {sink.where or 'its backend'}\n")
         if sink.metrics is None and sink.spans is None and sink.logs is None:  # it could not open
             out.write(f"{path}: not replayed (the backend did not open); kept for the next replay\n")
-            return _counts(failed=1, skipped=1)
-        total = _records_in(path) - (ended is not None)
-        progress = Progress(total, f"{header['sink']} <- {path.name}", out)
+            return _counts(failed=1, skipped=1, in_doubt=in_doubt)
+        done_before, total = _records_in(path, position.offset)
+        if position.resumed:
+            out.write(f"{path}: going on after record {done_before} (an earlier replay was stopped there)\n")
+        progress = Progress(total - (ended is not None), f"{header['sink']} <- {path.name}", out)
         retry_path = path.with_name(path.name + ".retry")
-        retry: Spool | None = None
-        counts = _counts()
-        for record in records:
+        if retry_path.exists():  # what an earlier replay of this file refused, up to where it stopped
+            os.truncate(retry_path, position.retry_length)
+        retry = Spool(retry_path, header)
+        counts = _counts(in_doubt=in_doubt)
+        offset = _after_header(path) if position.offset is None else position.offset
+        for end, record in records:
+            if interrupt.requested.is_set():
+                counts["interrupted"] = 1
+                break
             if isinstance(record, Damaged):
                 counts["records"] += 1
                 counts["damaged"] += 1
                 progress.say(f"{record.path}: damaged record at byte {record.offset} skipped ({record.reason})")
                 progress.step(False)
-                continue
-            kind, payload = record
-            if kind == "end":  # not data: it tells replay how the run ended
-                continue
-            counts["records"] += 1
-            items = item_count(kind, payload)
-            counts["items"] += items
-            ok = sink.deliver(kind, payload)
-            if ok:
-                counts["delivered"] += 1
-                counts["items_delivered"] += items
-            else:
-                counts["failed"] += 1
-                retry = retry or Spool(retry_path, header)
-                retry.write(kind, payload)
-            progress.step(ok)
+            elif record[0] != "end":  # an end record is not data: it tells replay how the run ended
+                kind, payload = record
+                counts["records"] += 1
+                items = item_count(kind, payload)
+                counts["items"] += items
+                position.mark(offset, position.retry_length, True)
+                ok = sink.deliver(kind, payload)
+                if ok:
+                    counts["delivered"] += 1
+                    counts["items_delivered"] += items
+                else:
+                    counts["failed"] += 1
+                    retry.write(kind, payload)
+                progress.step(ok)
+            retry_length = retry_path.stat().st_size if counts["failed"] else position.retry_length
+            position.mark(end, retry_length, False)
+            offset = end
         sink.finish(0 if ended is None else ended)
-        if retry is not None:
+        retry.close()
+        if counts["interrupted"]:
+            position.close()
+            progress.say(f"{path}: interrupted; the next replay goes on after record {done_before + counts['records']}")
+        elif retry_path.exists() and retry_path.stat().st_size:
             if ended is not None:  # the next replay ends the run again (no harm: the same status)
                 retry.end(ended)
-            retry.close()
-            os.replace(retry_path, path)
+            os.replace(retry_path, path)  # a new inode: the position beside it is stale from here
+            position.remove()
         else:
+            retry_path.unlink(missing_ok=True)
             path.rename(path.with_name(path.name + REPLAYED))
+            position.remove()
     return counts
+
+
+def _after_header(path: Path) -> int:
+    with open(path, "rb") as f:
+        return len(f.readline())
 
 
 def main(paths: list[str], out: TextIO = sys.stderr) -> int:
     """Replay ``paths`` (default: the whole spool); one line per file, then a summary.  Exit code 0
     when everything was delivered; 1 when something was not (kept for the next replay), a record
-    was damaged, a path does not exist or names a file replayed already."""
+    was damaged or set aside in doubt, a path does not exist or names a file replayed already;
+    130 when Ctrl-C or SIGTERM stopped it (the next replay goes on from there)."""
     # MLflow's client retries a refused connection 7 times with doubling pauses (~4 min a request,
     # three init attempts): at a command line, say "not reachable" in seconds instead.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -233,22 +381,33 @@ def main(paths: list[str], out: TextIO = sys.stderr) -> int:
         return 0
     total = _counts()
     not_replayed = 0
-    for path in files:
+    with Interrupt() as interrupt:
         try:
-            result = replay_file(path, out)
-        except Exception as error:  # one file's sink that cannot be rebuilt does not stop the others
-            out.write(f"{path}: not replayed: {type(error).__name__}: {error}\n")
-            not_replayed += 1
-            continue
-        if result["skipped"]:  # it said why already
-            total["busy"] += result["busy"]
-            not_replayed += not result["busy"]
-            continue
-        for name in _COUNTS:
-            total[name] += result[name]
-        out.write(f"{path}: {_outcome(result)}\n")
+            for path in files:
+                if interrupt.requested.is_set():
+                    break
+                try:
+                    result = replay_file(path, out, interrupt=interrupt)
+                except Exception as error:  # one file's sink that cannot be rebuilt does not stop the others
+                    out.write(f"{path}: not replayed: {type(error).__name__}: {error}\n")
+                    not_replayed += 1
+                    continue
+                if result["skipped"]:  # it said why already
+                    total["busy"] += result["busy"]
+                    total["in_doubt"] += result["in_doubt"]
+                    not_replayed += not result["busy"]
+                    continue
+                for name in _COUNTS:
+                    total[name] += result[name]
+                out.write(f"{path}: {_outcome(result)}\n")
+        except KeyboardInterrupt:  # a second Ctrl-C: the record on its way is in doubt at the next replay
+            out.write("otel-tracking replay: stopped at once; the next replay goes on from where it stopped\n")
+            return 130
     out.write(_summary(len(files), total, not_replayed) + "\n")
-    return 1 if total["failed"] or total["damaged"] or not_replayed else 0
+    if interrupt.requested.is_set():
+        out.write("otel-tracking replay: interrupted; run it again to go on (nothing is delivered twice)\n")
+        return 130
+    return 1 if total["failed"] or total["damaged"] or total["in_doubt"] or not_replayed else 0
 
 
 def _outcome(c: Mapping[str, int]) -> str:
@@ -258,6 +417,8 @@ def _outcome(c: Mapping[str, int]) -> str:
         said += f", {c['damaged']} damaged record(s) skipped"
     if c["failed"]:
         said += f", {c['failed']} not delivered: kept for the next replay"
+    if c["in_doubt"]:
+        said += f", {c['in_doubt']} set aside in doubt (*{IN_DOUBT})"
     return said
 
 

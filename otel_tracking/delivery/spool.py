@@ -85,6 +85,16 @@ def read_spool(path: Path) -> tuple[dict[str, Any], Iterator[SpoolItem | Damaged
     :class:`Damaged` for one that is cut short, fails its checksum or does not decode.  Streams:
     the file is never loaded whole.  Lines without a checksum (files written before the framing)
     are read as plain JSON."""
+    header, records = read_spool_from(path)
+    return header, (record for _, record in records)
+
+
+def read_spool_from(
+    path: Path, start: int | None = None
+) -> tuple[dict[str, Any], Iterator[tuple[int, SpoolItem | Damaged]]]:
+    """:func:`read_spool` from byte offset ``start`` (a record's first byte; default: the first
+    record after the header), each record with the offset just past it: where a reader that has
+    dealt with it goes on (replay's progress)."""
     handle = open(path, "rb")  # noqa: SIM115 - closed by the generator
     first = handle.readline()
     header: dict[str, Any] = {}
@@ -93,8 +103,10 @@ def read_spool(path: Path) -> tuple[dict[str, Any], Iterator[SpoolItem | Damaged
         header = entry["header"]
     else:
         handle.seek(0)
+    if start is not None:
+        handle.seek(start)
 
-    def records() -> Iterator[SpoolItem | Damaged]:
+    def records() -> Iterator[tuple[int, SpoolItem | Damaged]]:
         with handle:
             offset = handle.tell()
             for line in iter(handle.readline, b""):
@@ -103,12 +115,12 @@ def read_spool(path: Path) -> tuple[dict[str, Any], Iterator[SpoolItem | Damaged
                     continue
                 entry = unframe(line)
                 if isinstance(entry, str):
-                    yield Damaged(path, at, entry)
+                    yield offset, Damaged(path, at, entry)
                     continue
                 try:
-                    yield entry["kind"], DECODERS[entry["kind"]](entry["data"])
+                    yield offset, (entry["kind"], DECODERS[entry["kind"]](entry["data"]))
                 except Exception as error:  # a record that parses but does not decode
-                    yield Damaged(path, at, f"undecodable {type(error).__name__}: {error}")
+                    yield offset, Damaged(path, at, f"undecodable {type(error).__name__}: {error}")
 
     return header, records()
 
