@@ -142,9 +142,9 @@ def test_cli_version_and_help_show_defaults() -> None:
     for command in ((), ("demo",), ("stack",), ("replay",)):
         text = _cli(*command, "--help").stdout
         assert "`" not in text and "default: None" not in text, (command, text)
-    assert "1 when something was not (kept for the next replay) or was damaged, for a path that does not exist" in (
-        " ".join(_cli("replay", "--help").stdout.split())
-    )
+    replay_help = " ".join(_cli("replay", "--help").stdout.split())
+    assert "1 when something was not (kept for the next replay), was damaged or set aside in doubt" in replay_help
+    assert "130 when interrupted" in replay_help
 
 
 def test_the_demo_keeps_its_files_under_out_and_says_what_to_run_next(tmp_path: Path) -> None:

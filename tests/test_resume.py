@@ -112,9 +112,9 @@ def trackio_metric(directory: Path, project: str, run: str, key: str) -> tuple[l
     return runs, values
 
 
-def _start(env: dict[str, str], cwd: Path, *args: Any) -> subprocess.Popen[str]:
+def _start(env: dict[str, str], cwd: Path, *args: Any, script: str = JOB) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", JOB, *map(str, args)],
+        [sys.executable, "-c", script, *map(str, args)],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -132,9 +132,11 @@ def _first_json_line(process: subprocess.Popen[str]) -> dict[str, Any]:
     raise AssertionError(f"the job ended without reporting (exit {process.returncode}): {process.stderr.read()}")
 
 
-def kill_after(env: dict[str, str], cwd: Path, first: int, last: int, backends: list[str]) -> dict[str, Any]:
+def kill_after(
+    env: dict[str, str], cwd: Path, first: int, last: int, backends: list[str], script: str = JOB
+) -> dict[str, Any]:
     """A job that logs first..last, then dies by SIGKILL (and its bridge process ends on its own)."""
-    process = _start(env, cwd, first, last, 0.0, "kill", ",".join(backends))
+    process = _start(env, cwd, first, last, 0.0, "kill", ",".join(backends), script=script)
     report = _first_json_line(process)
     process.kill()
     process.wait()
@@ -143,8 +145,10 @@ def kill_after(env: dict[str, str], cwd: Path, first: int, last: int, backends: 
     return report
 
 
-def finish_after(env: dict[str, str], cwd: Path, first: int, last: int, backends: list[str], offset: float) -> Any:
-    process = _start(env, cwd, first, last, offset, "finish", ",".join(backends))
+def finish_after(
+    env: dict[str, str], cwd: Path, first: int, last: int, backends: list[str], offset: float, script: str = JOB
+) -> Any:
+    process = _start(env, cwd, first, last, offset, "finish", ",".join(backends), script=script)
     out, err = process.communicate(timeout=600)
     assert process.returncode == 0, err
     report = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
@@ -259,6 +263,115 @@ def test_a_killed_job_resumed_from_a_checkpoint_continues_one_run_in_every_backe
     assert set(saved["backends"]) == {"mlflow", "wandb", "swanlab", "clearml", "trackio"}
 
 
+VERL_JOB = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from otel_tracking import Tracking
+
+    first, last, offset, mode = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    backends = sys.argv[5].split(",")
+    # what verl's RayPPOTrainer.fit hands Tracking (OmegaConf.to_container of its config), in part
+    config = {"trainer": {"resume_mode": "auto", "default_local_dir": "checkpoints", "test_freq": 50}}
+    t = Tracking("proj", "exp", default_backend=backends, config=config)
+    if first > 1:  # val_before_train: verl validates the reloaded checkpoint and logs it at its step
+        t.log({"val/score": 1000 + first - 1 + offset}, first - 1)
+    for step in range(first, last + 1):
+        data = {"loss": step + offset}
+        if step % 50 == 0:  # save_freq = test_freq = 50: the checkpoint, then the step's metrics
+            Path("checkpoints").mkdir(exist_ok=True)
+            Path("checkpoints/latest_checkpointed_iteration.txt").write_text(str(step))
+            data["val/score"] = 1000 + step + offset
+        t.log(data, step)
+    if mode == "kill":
+        assert t.flush(timeout_s=300)
+        bridge = t.logger[backends[-1]].link.process.pid if hasattr(t.logger[backends[-1]], "link") else 0
+        print(json.dumps({"run_id": t.run_id, "bridge": bridge}), flush=True)
+        time.sleep(600)
+    stats = t.finish()
+    print(json.dumps({"run_id": t.run_id, "stats": stats}), flush=True)
+    """
+)
+
+
+def test_a_verl_job_resumed_from_its_checkpoint_keeps_the_checkpoints_step(tmp_path: Path) -> None:
+    """Issue 31, item 7: verl reloads ``global_step_100`` (its ``latest_checkpointed_iteration.txt``
+    says 100), validates it and logs that at step 100 (``val_before_train``, its default), then trains
+    from 101.  That first ``log()`` at 100 was read as "the checkpoint was 99": the killed job's step-100
+    training metrics were superseded and nobody logged them again.  The checkpoint step now comes from
+    verl's own config: the killed job's steps up to 100 stand, its 101..130 are replaced, and at 100
+    only the validation logged again is new."""
+    env = _job_env(tmp_path, tmp_path / "no-clearml.conf", None)
+    backends = ["file", "tensorboard", "wandb"]
+    killed = kill_after(env, tmp_path, 1, 130, backends, script=VERL_JOB)
+    resumed, stderr = finish_after(
+        {**env, "OTEL_TRACKING_RESUME": "auto"}, tmp_path, 101, 200, backends, 0.5, script=VERL_JOB
+    )
+    assert resumed["run_id"] == killed["run_id"]
+    losses = {s: loss(s, 1 if s <= 100 else 2) for s in range(1, 201)}
+    score = {50: 1050.0, 100: 1100.5, 150: 1150.5, 200: 1200.5}
+
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line for line in lines if "resumed_from_step" in line] == [{"resumed_from_step": 100, "attempt": 2}]
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    assert metrics["loss"] == losses, "the killed job's step 100 stands"
+    assert metrics["val/score"] == score
+
+    scalars, _, _ = read_events(tmp_path / "tb")
+    assert scalars["loss"] == sorted(losses.items())
+    # TensorBoard purges by step, not by key: step 100 keeps both validations, the killed job's first
+    assert scalars["val/score"] == [(50, 1050.0), (100, 1100.0), (100, 1100.5), (150, 1150.5), (200, 1200.5)]
+
+    first, second = (readers_wandb.load_run(f) for f in readers_wandb.run_files(tmp_path / "wandb"))
+    assert (second.run.branch_point.run, second.run.branch_point.value) == (first.run.run_id, 100)
+    wandb_loss = {s: v for k, s, v in first.triples() if k == "loss" and s <= 100}
+    wandb_loss.update({s: v for k, s, v in second.triples() if k == "loss"})
+    assert wandb_loss == losses
+    assert "what it logged after step 100 (verl's checkpoint) is replaced" in stderr, stderr
+
+
+def test_the_checkpoint_step_is_read_as_verl_reads_it(tmp_path: Path) -> None:
+    from otel_tracking.config.resume import checkpoint_step
+
+    def trainer(**fields: Any) -> dict[str, Any]:
+        return {"trainer": fields}
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("250\n")
+    assert checkpoint_step(trainer(resume_mode="auto", default_local_dir="ckpt"), tmp_path) == 250
+    assert checkpoint_step(trainer(resume_mode="auto", default_local_dir=str(tmp_path / "ckpt"))) == 250
+    assert checkpoint_step(trainer(resume_mode="auto", default_local_dir="none-yet"), tmp_path) is None
+    path = "/data/ckpt/global_step_40"
+    assert checkpoint_step(trainer(resume_mode="resume_path", resume_from_path=path)) == 40
+    assert checkpoint_step(trainer(resume_mode="disable", default_local_dir="ckpt"), tmp_path) is None
+    assert checkpoint_step({"lr": 0.1}) is None and checkpoint_step(None) is None
+
+
+def test_resume_step_from_the_environment_is_used_and_checked(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_tracking.config.settings import build_settings
+
+    assert build_settings("p", "e", (), env={"OTEL_TRACKING_RESUME_STEP": "70"}).resume_step == 70
+    for bad in ("-1", "7.5", "inf", "seventy"):
+        with pytest.raises(ConfigError, match="OTEL_TRACKING_RESUME_STEP"):
+            build_settings("p", "e", (), env={"OTEL_TRACKING_RESUME_STEP": bad})
+    _file_env(monkeypatch, isolated)
+    first = Tracking("proj", "exp", default_backend=["file"])
+    for step in range(1, 11):
+        first.log({"loss": float(step)}, step)
+    first.finish()
+    monkeypatch.setenv("OTEL_TRACKING_RESUME_STEP", "6")
+    second = Tracking("proj", "exp", default_backend=["file"], resume="auto")
+    second.log({"loss": 60.0}, 6)
+    second.log({"loss": 70.0}, 7)
+    second.finish()
+    assert _lines(isolated, "exp")[10] == {"resumed_from_step": 6, "attempt": 2}
+    assert read_metrics(isolated / "logs" / "proj" / "exp.jsonl")["loss"] == {
+        **{s: float(s) for s in range(1, 6)},
+        6: 60.0,
+        7: 70.0,
+    }
+
+
 BRIDGE_LOST = textwrap.dedent(
     """
     import json, os, signal, time
@@ -369,7 +482,9 @@ def test_resume_after_a_clean_finish_continues_the_same_run(
     first.finish()
 
     second = Tracking("proj", "exp", default_backend=["file", "tensorboard"], resume="auto")
-    assert "(the previous attempt was finished)" in capsys.readouterr().err
+    assert "(the previous attempt was finished; what it logged from this attempt's first step on" in (
+        capsys.readouterr().err
+    )
     for step in range(11, 21):
         second.log({"loss": float(step)}, step)
     second.finish()

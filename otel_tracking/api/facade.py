@@ -40,6 +40,7 @@ from otel_tracking.delivery.registry import (
     check_bridge,
     check_env_sinks,
     is_bridge,
+    restart_step,
 )
 from otel_tracking.delivery.spool import check_spool_dir
 from otel_tracking.runtime.lifecycle import exit_code_for
@@ -96,8 +97,8 @@ class Tracking:
         for name in bridges:
             check_bridge(name, settings)
         check_env_sinks(settings, taken=names)
-        _say_resume(settings)
         run_config = RunConfig.of(config)  # redacted once, for every backend
+        _say_resume(settings, run_config)
         built: dict[str, Sink] = {}
         extra: list[Sink] = []
         periodic: list[Sink] = []
@@ -166,7 +167,7 @@ class Tracking:
         self.finish(exit_code=exit_code_for(exc))  # Ctrl-C: 130; SystemExit: its code; an exception: 1
 
 
-def _say_resume(settings: Settings) -> None:
+def _say_resume(settings: Settings, config: RunConfig) -> None:
     """One line on stderr when resuming was asked for: what was found, or that nothing was."""
     if settings.resume == "never":
         return
@@ -179,9 +180,15 @@ def _say_resume(settings: Settings) -> None:
         )
         return
     state = "finished" if settings.resumed.previous_state == "finished" else "not finished (killed?)"
+    step = restart_step(settings, config)
+    if step is None:
+        restart = "what it logged from this attempt's first step on is replaced"
+    else:
+        source = "OTEL_TRACKING_RESUME_STEP" if settings.resume_step is not None else "verl's checkpoint"
+        restart = f"what it logged after step {step} ({source}) is replaced"
     print(
         f"otel-tracking: resuming run {settings.run_id} of {where}, attempt {settings.attempt} "
-        f"(the previous attempt was {state})",
+        f"(the previous attempt was {state}; {restart})",
         file=sys.stderr,
     )
 

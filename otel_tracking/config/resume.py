@@ -21,6 +21,11 @@ killed with SIGKILL leaves a record that names every tracker run it had opened.
 A resume that finds no record starts a new run (with the given run id, if one was given) and says
 so in one line on stderr.  Found: the run id is kept, ``ml.run.attempt`` is the record's plus one,
 and each tracker is opened with what its record entry says (``BridgeContext.resume``).
+
+Where the resumed job restarts, the *checkpoint step* ``c``: what the killed job logged at steps
+after ``c`` is superseded; up to ``c`` it stands.  ``OTEL_TRACKING_RESUME_STEP`` says it; else verl's
+config does (:func:`checkpoint_step`: verl reloads ``global_step_c``, logs its validation at ``c``
+and trains from ``c + 1``); else it is the step before the first one the resumed job logs.
 """
 
 from __future__ import annotations
@@ -215,3 +220,39 @@ def _write_atomically(path: Path, text: str) -> bool:
         with contextlib.suppress(OSError):
             tmp.unlink()
         return False
+
+
+# --- where the resumed job restarts -----------------------------------------------------------
+
+_GLOBAL_STEP = re.compile(r"global_step_(\d+)")
+
+
+def checkpoint_step(config: Any, cwd: Path | None = None) -> int | None:
+    """The step of the checkpoint a verl job resumes from, read from its config as ``Tracking``
+    got it, the way verl's ``RayPPOTrainer._load_checkpoint`` finds it: ``trainer.resume_mode``
+    ``resume_path``: the N of ``global_step_N`` in ``trainer.resume_from_path``; ``auto``: the
+    number in ``<trainer.default_local_dir>/latest_checkpointed_iteration.txt`` (relative to the
+    working directory); anything else (``disable``, no checkpoint yet, not a verl config): None."""
+    trainer = _field(config, "trainer")
+    mode = _field(trainer, "resume_mode")
+    if mode == "resume_path":
+        match = _GLOBAL_STEP.search(str(_field(trainer, "resume_from_path") or ""))
+        return int(match.group(1)) if match else None
+    if mode != "auto" or _field(trainer, "default_local_dir") is None:
+        return None
+    tracker = Path(cwd or Path.cwd()) / str(_field(trainer, "default_local_dir")) / "latest_checkpointed_iteration.txt"
+    try:
+        return int(tracker.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _field(value: Any, name: str) -> Any:
+    """``value[name]`` of a dict or an OmegaConf ``DictConfig`` (``get``), else None."""
+    get = getattr(value, "get", None)
+    if value is None or isinstance(value, (str, bytes)) or not callable(get):
+        return None
+    try:
+        return get(name)
+    except Exception:  # a config object whose get() wants other arguments
+        return None

@@ -133,6 +133,7 @@ class Settings:
     resume: str = NEVER  # OTEL_TRACKING_RESUME: never, auto or a run id (resume.py)
     attempt: int = 1  # ml.run.attempt: 1 for a new run, one more for each resume
     resumed: Resumed | None = None  # the previous attempt's record, when resuming found one
+    resume_step: int | None = None  # OTEL_TRACKING_RESUME_STEP: the checkpoint a resumed job restarts from
     traces_url: str | None = None  # OTEL_TRACKING_TRACES_URL: a trace UI the summary links to (traces_link.py)
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -277,9 +278,16 @@ def build_settings(
         resume=mode,
         attempt=resumed.attempt if resumed else 1,
         resumed=resumed,
+        resume_step=_resume_step(e),
         traces_url=_traces_url(e),
         env=e,
     )
+
+
+def _resume_step(env: Mapping[str, str]) -> int | None:
+    if not (env.get("OTEL_TRACKING_RESUME_STEP") or "").strip():
+        return None
+    return int(_number(env, "OTEL_TRACKING_RESUME_STEP", 0, minimum=0, integer=True))
 
 
 def _traces_url(env: Mapping[str, str]) -> str | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_tracking.config.otlp_failures import explain_failures
+from otel_tracking.config.resume import checkpoint_step
 from otel_tracking.config.settings import ConfigError, Settings, describe_otlp
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.exporters._base import BridgeParts
@@ -85,6 +86,7 @@ def build_sink(
             settings.file_path,
             attempt=settings.attempt if settings.resumed is not None else None,
             run_id=settings.run_id,
+            checkpoint_step=restart_step(settings, config) if settings.resumed is not None else None,
         )
         files.open(metrics=metrics)  # fail now on an unwritable directory, as the reference did
         shown = files.path if metrics else files.events_path
@@ -173,10 +175,12 @@ class RunConfig:
     (``recorded``: what trackers record, as params or the run's config), and the values a bridge
     uses as they are (``inputs``, taken before redaction: today ``trainer.wandb_proxy``, which
     wandb must reach with the credentials in its URL while the config it records says
-    ``http://<redacted>@proxy:8080``), never logged or recorded."""
+    ``http://<redacted>@proxy:8080``), never logged or recorded; and the step of the checkpoint a
+    verl job resumes from, as its config says (``resume.checkpoint_step``)."""
 
     recorded: Any = None
     inputs: Mapping[str, str] = field(default_factory=dict)
+    checkpoint_step: int | None = None
 
     @classmethod
     def of(cls, config: Any) -> RunConfig:
@@ -186,7 +190,13 @@ class RunConfig:
             proxy = trainer.get("wandb_proxy")  # type: ignore[union-attr]
             if proxy:
                 inputs["wandb_proxy"] = str(proxy)
-        return cls(redact_config(config), inputs)
+        return cls(redact_config(config), inputs, checkpoint_step(config))
+
+
+def restart_step(settings: Settings, config: RunConfig) -> int | None:
+    """The checkpoint step a resumed job restarts from (config/resume.py): OTEL_TRACKING_RESUME_STEP,
+    else what verl's config says; None: the step before the first one it logs."""
+    return settings.resume_step if settings.resume_step is not None else config.checkpoint_step
 
 
 def _mapping_like(value: Any) -> bool:
@@ -217,6 +227,7 @@ def open_bridge(
         resume=resume,
         attempt=settings.attempt,
         continuing=continuing,
+        checkpoint_step=restart_step(settings, config) if continuing else None,
         in_bridge_process=in_bridge_process,
     )
     parts: BridgeParts = _bridge_module(name).open_bridge(context)

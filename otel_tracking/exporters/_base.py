@@ -90,6 +90,9 @@ class BridgeContext:
     resume: Mapping[str, Any] | None = None
     attempt: int = 1  # ml.run.attempt of the run opening the tracker
     continuing: bool = False  # a restarted job continues its run: a live attempt, not a replay
+    # When continuing: the step of the checkpoint it restarts from (config/resume.py); what the
+    # killed job logged after it is superseded.  None: the step before the first one it logs.
+    checkpoint_step: int | None = None
     # Opened in the bridge process, which the trackers share: its console is theirs (their own
     # messages), not the training script's.
     in_bridge_process: bool = False

@@ -23,10 +23,13 @@ files (at ``Tracking()``):
   writes ``<experiment>.<its run id>.jsonl`` and ``<experiment>.<its run id>.events.jsonl``
   instead, and its ``Creating file logger at`` line says so;
 * a resumed run (``OTEL_TRACKING_RESUME``) appends to the pair instead, and before its first step
-  line writes one marker line ``{"resumed_from_step": s - 1, "attempt": n}`` (``s``: that first
-  step).  Lines above the marker at steps above ``resumed_from_step`` are superseded: a reader
-  that keeps the last value of each (key, step) in file order reads the run as the resumed job
-  left it (``otel_tracking.exporters.file.read_metrics`` does that).
+  line writes one marker line ``{"resumed_from_step": c, "attempt": n}``: ``c`` is the checkpoint
+  step it restarts from (``config/resume.py``: verl's, or ``OTEL_TRACKING_RESUME_STEP``), else the
+  step before its first one.  Lines above the marker at steps above ``c`` are superseded; at ``c``
+  and below they stand, but for the (key, step) pairs logged again (verl validates the reloaded
+  checkpoint at ``c``): a reader that keeps the last value of each (key, step) in file order, after
+  dropping the superseded lines, reads the run as the resumed job left it
+  (``otel_tracking.exporters.file.read_metrics`` does that).
 
 A sink built only for spans or logs (``OTEL_TRACES_EXPORTER=file``) never creates a metrics file.
 """
@@ -65,13 +68,21 @@ class FileSink:
     """The two files of one run, claimed (see the module's docstring) when first opened; the events
     file is appended to, so separately built span and log exporters can share it."""
 
-    def __init__(self, path: Path | str | None = None, attempt: int | None = None, run_id: str | None = None) -> None:
-        """``attempt``: this run resumes an earlier one (append, and mark where this attempt starts);
-        ``run_id``: names this run's own files when another live run holds the plain ones."""
+    def __init__(
+        self,
+        path: Path | str | None = None,
+        attempt: int | None = None,
+        run_id: str | None = None,
+        checkpoint_step: int | None = None,
+    ) -> None:
+        """``attempt``: this run resumes an earlier one (append, and mark where this attempt starts:
+        after ``checkpoint_step``, else before its first step); ``run_id``: names this run's own
+        files when another live run holds the plain ones."""
         if path is None:
             path = paths.file_sink_path(*settings.identity_from_env())
         self.path = Path(path)
         self.attempt = attempt
+        self.checkpoint_step = checkpoint_step
         self.run_id = run_id or str(os.getpid())
         self._marked = attempt is None
         self.events_path = events_path(self.path)
@@ -149,7 +160,8 @@ class FileSink:
         with self._lock:
             if not self._marked:  # the first step of a resumed attempt: where it takes over
                 self._marked = True
-                line = orjson.dumps({"resumed_from_step": record.step - 1, "attempt": self.attempt}) + b"\n" + line
+                restart = record.step - 1 if self.checkpoint_step is None else self.checkpoint_step
+                line = orjson.dumps({"resumed_from_step": restart, "attempt": self.attempt}) + b"\n" + line
             self._open_metrics().write(line)
 
     def write_events(self, events: list[dict[str, Any]]) -> None:

@@ -20,10 +20,11 @@ What lands where (the reference wrote the same through ``torch.utils.tensorboard
 * config/params: nothing (the reference's TensorBoard adapter logged none).
 
 A resumed run (``OTEL_TRACKING_RESUME``) writes a new event file into the same directory and, before
-its first step, the ``SessionLog.START`` event that ``SummaryWriter(purge_step=s)`` writes, at that
-first step ``s``: TensorBoard's readers then drop what the earlier attempt wrote at steps ``>= s``
-(``EventAccumulator``'s ``purge_orphaned_data``, on by default), so each (tag, step) shows the
-resumed job's value.
+its first step, the ``SessionLog.START`` event that ``SummaryWriter(purge_step=s)`` writes, at
+``s = c + 1`` (``c``: the checkpoint step it restarts from, ``config/resume.py``; without one, its
+first step): TensorBoard's readers then drop what the earlier attempt wrote at steps ``>= s``
+(``EventAccumulator``'s ``purge_orphaned_data``, on by default), so each (tag, step) after the
+checkpoint shows the resumed job's value, and the checkpoint's own step keeps the killed job's.
 
 The file is written with TensorBoard's own ``EventFileWriter`` (TensorBoard's record framing, its
 file naming, and the class wandb's ``sync_tensorboard`` hooks, as the reference's SummaryWriter
@@ -102,10 +103,14 @@ def checksums_in_c() -> bool:
 class TensorboardSession(BridgeSession):
     """One event file in one directory, shared by a run's metric, span and log exporters."""
 
-    def __init__(self, directory: Path | str, purge_at_first_step: bool = False) -> None:
-        """``purge_at_first_step``: a resumed run; the first step written purges later steps on read."""
+    def __init__(
+        self, directory: Path | str, purge_at_first_step: bool = False, checkpoint_step: int | None = None
+    ) -> None:
+        """``purge_at_first_step``: a resumed run; its first step written purges, on read, what
+        earlier attempts wrote after ``checkpoint_step`` (else from that first step on)."""
         self.directory = Path(directory)
         self._purge_pending = purge_at_first_step
+        self._checkpoint_step = checkpoint_step
         self.where = f"{self.directory.resolve()} (TensorBoard event file)"
         self.closed = False
         self._writer: Any = None  # tensorboard's EventFileWriter
@@ -117,7 +122,7 @@ class TensorboardSession(BridgeSession):
         directory = paths.tensorboard_dir(context.project, context.experiment, context.env)
         if context.in_bridge_process:
             checksums_in_c()
-        return cls(directory, purge_at_first_step=context.continuing)
+        return cls(directory, purge_at_first_step=context.continuing, checkpoint_step=context.checkpoint_step)
 
     def create_file(self) -> None:
         with self._lock:
@@ -141,9 +146,7 @@ class TensorboardSession(BridgeSession):
         the time of a burst)."""
         for record in records:
             values = [scalar_value(key, value) for key, value in record.scalars.items()]
-            if self._purge_pending:  # the first step of a resumed attempt (see the module's notes)
-                self._purge_pending = False
-                self.purge_from(record.step, record.time_unix_nano / 1e9 if record.time_unix_nano else None)
+            self._purge_once(record)
             self.write(record.step, values, record.time_unix_nano / 1e9 if record.time_unix_nano else None, flush=False)
         with self._lock:
             self._open().flush()
@@ -164,6 +167,13 @@ class TensorboardSession(BridgeSession):
             if flush:
                 writer.flush()
 
+    def _purge_once(self, record: StepRecord) -> None:
+        """Before the first step of a resumed attempt (see the module's notes)."""
+        if self._purge_pending:
+            self._purge_pending = False
+            purge = record.step if self._checkpoint_step is None else self._checkpoint_step + 1
+            self.purge_from(purge, record.time_unix_nano / 1e9 if record.time_unix_nano else None)
+
     def purge_from(self, step: int, wall_time: float | None = None) -> None:
         """What ``SummaryWriter(purge_step=step)`` writes: readers drop earlier events at steps >= ``step``."""
         from tensorboard.compat.proto import event_pb2
@@ -181,9 +191,7 @@ class TensorboardSession(BridgeSession):
     def write_step(self, record: StepRecord) -> bool:
         # Numbers only: TensorBoard scalars have no place for strings, lists or None.
         values = [scalar_value(key, value) for key, value in record.scalars.items()]
-        if self._purge_pending:  # the first step of a resumed attempt (see the module's notes)
-            self._purge_pending = False
-            self.purge_from(record.step, record.time_unix_nano / 1e9 if record.time_unix_nano else None)
+        self._purge_once(record)
         self.write(record.step, values, record.time_unix_nano / 1e9 if record.time_unix_nano else None)
         return True
 

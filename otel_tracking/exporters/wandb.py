@@ -34,8 +34,9 @@ service the very request ``run.log`` would send for it, built without run.log's 
 (``_History``; with wandb 0.31, the release it was checked against).  Everything else does.
 
 A resumed run (``OTEL_TRACKING_RESUME``) opens its wandb run when its first step arrives, as a
-*rewind* of the previous attempt's run: ``wandb.init(resume_from="<run id>?_step=<first step - 1>")``,
-so that wandb replaces what the killed job logged from the first step on (offline, the branch point is
+*rewind* of the previous attempt's run: ``wandb.init(resume_from="<run id>?_step=<c>")``, ``c`` the
+checkpoint step it restarts from (``config/resume.py``; without one, the step before its first), so
+that wandb replaces what the killed job logged after it (offline, the branch point is
 recorded in the run's ``_wandb.branch_point`` config and applied by ``wandb sync``).  Where wandb
 refuses a rewind (a server without the feature), the run is resumed by id with ``resume="allow"``
 instead: then wandb keeps the first attempt's values at the overlapping steps and drops the new
@@ -135,15 +136,17 @@ class WandbSession(BridgeSession):
         self.where = self._where()
         self.resume = self._resume()
         self._deferred: dict[str, Any] | None = None  # init kwargs of a rewind that waits for its first step
+        self._checkpoint_step: int | None = None  # where that rewind goes back to
         self._pending: list[tuple[dict[str, Any], int]] = []  # what came before that step
         self._history: _History | None = None  # the fast path for steps of plain numbers (write_steps)
         self._history_looked = False  # whether _history was looked for (once the run is open)
 
     @classmethod
-    def rewind(cls, module: Any, run_id: str, **init_kwargs: Any) -> WandbSession:
+    def rewind(cls, module: Any, run_id: str, checkpoint_step: int | None = None, **init_kwargs: Any) -> WandbSession:
         """A session whose run opens at the first step written, as a rewind of run ``run_id`` to
-        that step (see the module's notes)."""
+        ``checkpoint_step``, else to the step before that first one (see the module's notes)."""
         session = cls(module, None)
+        session._checkpoint_step = checkpoint_step
         session._deferred = {**init_kwargs, "id": run_id}
         session.resume = {"id": run_id, "project": init_kwargs.get("project"), "entity": init_kwargs.get("entity")}
         session.where = f"wandb run {run_id} (resumed; opens at its first step)"
@@ -153,16 +156,17 @@ class WandbSession(BridgeSession):
         kwargs = dict(self._deferred or {})
         self._deferred = None
         run_id = str(kwargs.pop("id"))
+        # wandb keeps the rewound run's history up to the given step: the checkpoint's, or the
+        # step before the first one this attempt logs.
+        back_to = max(step - 1, 0) if self._checkpoint_step is None else self._checkpoint_step
         try:
-            # wandb keeps the rewound run's history up to and including the given step, and goes on
-            # from the next one: the step before the first one this attempt logs.
-            run = self.module.init(**kwargs, resume_from=f"{run_id}?_step={max(step - 1, 0)}")
+            run = self.module.init(**kwargs, resume_from=f"{run_id}?_step={back_to}")
         except Exception as error:
             logger.warning(
                 "otel-tracking: wandb did not rewind run %s to step %s (%s); resuming it by id instead: "
                 "wandb keeps the earlier values of the steps logged again",
                 run_id,
-                step,
+                back_to,
                 error,
             )
             run = self.module.init(**kwargs, id=run_id, resume="allow")
@@ -202,7 +206,7 @@ class WandbSession(BridgeSession):
         if context.continuing and resumed:  # a restarted job: rewind the run at its first step
             kwargs.update(resume_kwargs(context))
             kwargs.pop("resume", None)
-            return cls.rewind(wandb, str(kwargs.pop("id")), **kwargs)
+            return cls.rewind(wandb, str(kwargs.pop("id")), context.checkpoint_step, **kwargs)
         return cls.start(wandb, **{**kwargs, **resume_kwargs(context)})
 
     @classmethod

@@ -284,7 +284,7 @@ def scrub_value(text: str) -> str:
             text = pattern.sub(_replace, text)
     if "=" in text:
         text = _scrub_pairs(text)
-    if ":" in text and ("\"" in text or "'" in text):
+    if ":" in text and ('"' in text or "'" in text):
         for pattern in _QUOTED_PAIRS:
             text = pattern.sub(_redact_quoted_pair, text)
     return text
