@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -120,7 +121,8 @@ class trace_state:
                 if step is not None:
                     attributes = {**attributes, STEP_ATTRIBUTE: step}
             span = run.tracer.start_span(self.state_name, context=ctx, attributes=attributes, links=self.links)
-            run.open_spans.add(span)  # finish() ends what is still open, rather than losing it
+            # finish() ends what is still open, rather than losing it; the stall watcher looks at it
+            run.open_spans[span] = threading.get_ident()
             root = run.step_roots.child_started(span) if run.driver else None
             # The run's identity travels in the baggage: propagate.inject() inside this span carries it.
             ctx = with_identity(run.identity, attributes.get(STEP_ATTRIBUTE), ctx)
@@ -134,7 +136,7 @@ class trace_state:
         span, token, run, root = self._open.pop()
         try:
             if run is not None:
-                run.open_spans.discard(span)
+                run.open_spans.pop(span, None)
             if span.is_recording():  # not if the run's finish() ended it already
                 if isinstance(exc, Exception):
                     # The message and traceback scrubbed: an error often quotes the URL it failed on
@@ -143,6 +145,8 @@ class trace_state:
                     span.record_exception(exc, attributes=_exception_attributes(exc, message))
                     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {message}"))
                 span.end()
+                if run is not None:  # what the stall bound of this phase learns from
+                    run.stalls.ended(self.state_name, (span.end_time - span.start_time) / 1e9)  # type: ignore[attr-defined]
         finally:
             otel_context.detach(token)  # type: ignore[arg-type]
             if root is not None:  # the step's root ends after its last span (runtime/step_roots.py)

@@ -46,6 +46,12 @@ def _replay(args: argparse.Namespace) -> int:
     return replay.main(args.paths)
 
 
+def _stalls(args: argparse.Namespace) -> int:
+    from otel_tracking.cli import stalls
+
+    return stalls.main(args.paths, stacks=args.stacks)
+
+
 def _count(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer of at least ``minimum``, else a one-line usage error."""
 
@@ -122,6 +128,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "paths", nargs="*", help="spool files or directories (default: the whole spool, OTEL_TRACKING_SPOOL_DIR)"
     )
     replay.set_defaults(func=_replay)
+
+    stalls = commands.add_parser(
+        "stalls",
+        help="the phases a run reported stuck (ml.stall), from the file sink's events files",
+        epilog="One row per stuck phase, its latest report: rank, role, pid, host, phase, step, how long it was open, "
+        "its bound and the line it was stuck in. Exit code 0 when no stall was reported, 1 when some were, 2 when "
+        "no events file was found.",
+    )
+    stalls.add_argument(
+        "paths", nargs="*", help="events files (<experiment>.events.jsonl) or directories (default: the current one)"
+    )
+    stalls.add_argument("--stacks", action="store_true", help="print each report's Python stacks too")
+    stalls.set_defaults(func=_stalls)
 
     args = parser.parse_args(argv)
     try:

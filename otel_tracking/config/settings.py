@@ -134,6 +134,10 @@ class Settings:
     attempt: int = 1  # ml.run.attempt: 1 for a new run, one more for each resume
     resumed: Resumed | None = None  # the previous attempt's record, when resuming found one
     resume_step: int | None = None  # OTEL_TRACKING_RESUME_STEP: the checkpoint a resumed job restarts from
+    # OTEL_TRACKING_STALL_AFTER: one stall bound for every phase (None: learned; 0: no reports) and
+    # OTEL_TRACKING_STALL_FLOOR: the least a learned bound is (runtime/stalls.py)
+    stall_after_s: float | None = None
+    stall_floor_s: float = 300.0
     traces_url: str | None = None  # OTEL_TRACKING_TRACES_URL: a trace UI the summary links to (traces_link.py)
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -279,13 +283,24 @@ def build_settings(
         attempt=resumed.attempt if resumed else 1,
         resumed=resumed,
         resume_step=_resume_step(e),
+        stall_after_s=_stall_after(e),
+        stall_floor_s=_number(e, "OTEL_TRACKING_STALL_FLOOR", 300.0, minimum=0.0),
         traces_url=_traces_url(e),
         env=e,
     )
 
 
+def _set(env: Mapping[str, str], name: str) -> bool:
+    return bool((env.get(name) or "").strip())
+
+
+def _stall_after(env: Mapping[str, str]) -> float | None:
+    """None (unset): stall bounds are learned; 0: no stall reports."""
+    return _number(env, "OTEL_TRACKING_STALL_AFTER", 0, minimum=0) if _set(env, "OTEL_TRACKING_STALL_AFTER") else None
+
+
 def _resume_step(env: Mapping[str, str]) -> int | None:
-    if not (env.get("OTEL_TRACKING_RESUME_STEP") or "").strip():
+    if not _set(env, "OTEL_TRACKING_RESUME_STEP"):
         return None
     return int(_number(env, "OTEL_TRACKING_RESUME_STEP", 0, minimum=0, integer=True))
 

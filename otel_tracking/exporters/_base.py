@@ -188,6 +188,7 @@ class Event:
     body: Mapping[str, Any]
     attributes: Mapping[str, Any]
     time_unix_nano: int = 0
+    text: str | None = None  # a body that is text (a stall report's stacks)
 
     @classmethod
     def from_log(cls, item: Any) -> Event:
@@ -198,7 +199,9 @@ class Event:
         key = attributes.get(semconv.EVENT_KEY)
         body = record.body if isinstance(record.body, Mapping) else {}
         time_ns = record.timestamp or record.observed_timestamp or 0
-        return cls(record.event_name or "", step, str(key) if key is not None else None, body, attributes, time_ns)
+        text = record.body if isinstance(record.body, str) else None
+        name = record.event_name or ""
+        return cls(name, step, str(key) if key is not None else None, body, attributes, time_ns, text)
 
 
 class BridgeSession(ABC):

@@ -52,7 +52,7 @@ from otel_tracking.exporters._base import (
     bridge_exporters,
 )
 from otel_tracking.exporters.timings import PhaseTiming
-from otel_tracking.signals.semconv import GENERATIONS_EVENT
+from otel_tracking.signals.semconv import GENERATIONS_EVENT, STALL_EVENT
 
 GENERATIONS_KEY = "val/generations"
 # SummaryWriter.add_text(tag, ...) stores the text under "<tag>/text_summary".
@@ -206,7 +206,14 @@ class TensorboardSession(BridgeSession):
         return True
 
     def write_event(self, event: Event) -> bool:
-        """Validation generations as TensorBoard text; other events have no TensorBoard form."""
+        """Validation generations and stall reports as TensorBoard text; other events have no
+        TensorBoard form."""
+        if event.name == STALL_EVENT:
+            step = self.last_step if event.step is None else event.step
+            phase = str(event.attributes.get("ml.phase", "?"))
+            wall_time = event.time_unix_nano / 1e9 if event.time_unix_nano else None
+            self.write(step, [text_value(f"ml.stall/{phase}", stall_text(event))], wall_time)
+            return True
         if event.name != GENERATIONS_EVENT:
             return True
         step = self.last_step if event.step is None else event.step
@@ -222,6 +229,17 @@ class TensorboardSession(BridgeSession):
             if self._writer is not None:
                 self._writer.close()
             self._writer = None
+
+
+def stall_text(event: Event) -> str:
+    """A stall report as markdown: what, how long, where, then every thread's stack."""
+    a = event.attributes
+    head = (
+        f"**stall**: phase `{a.get('ml.phase')}` at step {a.get('ml.step', '?')}, open {a.get('ml.stall.open_s')} s "
+        f"(bound {a.get('ml.stall.bound_s')} s, report {a.get('ml.stall.report')}), in `{a.get('ml.stall.frame')}`"
+    )
+    stacks = "\n".join("    " + line for line in (event.text or "").splitlines())  # markdown code
+    return f"{head}\n\n{stacks}"
 
 
 def scalar_value(tag: str, value: float) -> Any:

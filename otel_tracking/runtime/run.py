@@ -20,14 +20,16 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry._logs import SeverityNumber
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Span, Tracer
+from opentelemetry.trace import Span, Tracer, set_span_in_context
 
 from otel_tracking.config.otel_compat import LoggerProvider, enabled_despite_sdk_disabled
 from otel_tracking.config.resource import build_resource
@@ -44,7 +46,8 @@ from otel_tracking.delivery.pipeline import (
 )
 from otel_tracking.delivery.scrubbing import ScrubbingLogProcessor, ScrubbingSpanProcessor
 from otel_tracking.delivery.spool import sink_spool
-from otel_tracking.runtime import lifecycle
+from otel_tracking.runtime import lifecycle, stalls
+from otel_tracking.runtime.stalls import Stall, StallWatch, stall_line
 from otel_tracking.runtime.step_roots import StepRoots
 from otel_tracking.signals import semconv
 from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
@@ -176,7 +179,11 @@ class Run:
         self.last_step: int | None = None
         self._finish_lock = threading.Lock()
         self._env_context = None if driver else extract_env(settings.env)
-        self.open_spans: set[Span] = set()  # trace_state spans not ended yet (set.add/discard: atomic)
+        # trace_state spans not ended yet, each with the thread that opened it (dict set and pop:
+        # atomic); watched for stalls (stalls.py)
+        self.open_spans: dict[Span, int] = {}
+        after = settings.stall_after_s
+        self.stalls = StallWatch(after, settings.stall_floor_s, self._report_stall)
         # A worker's parent_context() depends on nothing but the context it is given (contexts are
         # immutable): the last (given, result) pair is kept, so that a worker's spans, which start
         # from the same context over and over, do not rebuild the same baggage every time.
@@ -212,6 +219,8 @@ class Run:
             _end_stray_worker_runs()
         with _active_lock:
             _active_runs.append(self)
+        if after != 0:
+            stalls.watch(self, self._check_stalls)
         lifecycle.finish_at_exit(_finish_open_runs)
         if driver:
             lifecycle.finish_on_sigterm(_finish_open_runs, _flush_open_runs)
@@ -321,6 +330,28 @@ class Run:
         # agent's prompt can carry a tool's key.
         self.event_logger.emit(event_name=event_name, body=body, attributes=attributes or {}, timestamp=time.time_ns())
 
+    # --- stalls ----------------------------------------------------------------------------------
+
+    def _check_stalls(self) -> float:
+        """From the watcher thread (stalls.py): report the phases open past their bound."""
+        if not self.finished and self.pid == os.getpid():
+            self.stalls.check(self.open_spans)
+        return self.stalls.smallest_bound_s()
+
+    def _report_stall(self, stall: Stall) -> None:
+        if self.finished or self.pid != os.getpid():
+            return
+        self.event_logger.emit(
+            event_name=semconv.STALL_EVENT,
+            body=stall.stacks,
+            attributes=stall.attributes(),
+            severity_number=SeverityNumber.WARN,
+            severity_text="WARN",
+            context=set_span_in_context(stall.span),
+            timestamp=time.time_ns(),
+        )
+        print(f"otel-tracking: {stall_line(stall, self.resource.attributes)}", file=sys.stderr, flush=True)
+
     # --- the end ---------------------------------------------------------------------------------
 
     def finish(self, exit_code: int = 0) -> dict[str, dict[str, int]]:
@@ -341,6 +372,7 @@ class Run:
         with _active_lock:
             if self in _active_runs:
                 _active_runs.remove(self)
+        stalls.unwatch(self)
         if self.pid != os.getpid():
             return self.stats()
         if self.driver:

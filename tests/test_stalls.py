@@ -1,0 +1,223 @@
+"""Stall reports (issue 32): a phase that outlives its bound is said while it is still stuck: which
+process, which phase and step, how long, and the line it is stuck in, with every thread's stack.
+
+The stuck processes are real scripts in child processes, stuck in a GIL-releasing wait and in a
+pure-Python loop; the reports are read while they are still stuck, from the file sink's events
+file, a real OTLP receiver and TensorBoard's own reader, and through ``otel-tracking stalls``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from otel_tracking.runtime.stalls import LEARNED_FACTOR, StallWatch
+from tests.otlp_receiver import HttpReceiver, wait_for
+
+STUCK = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    from otel_tracking import Tracking, trace_state
+
+    how, flag = sys.argv[1], sys.argv[2]
+    t = Tracking("proj", "exp", default_backend=["file", "tensorboard"]) if how != "worker" else None
+    for step in (1, 2, 3):
+        with trace_state("update_actor", step=step):
+            if step == 3:
+                if how == "busy":
+                    while not os.path.exists(flag):  # stuck in Python: a loop that never yields
+                        pass
+                else:
+                    while not os.path.exists(flag):
+                        threading.Event().wait(0.05)  # stuck in a GIL-releasing wait
+        if t is not None:
+            t.log({"loss": float(step)}, step)
+    if t is not None:
+        t.finish()
+    """
+)
+STUCK_LINE = {"wait": "threading.Event().wait(0.05)", "busy": "while not os.path.exists(flag)"}
+
+
+def _env(root: Path, receiver: HttpReceiver, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_", "TENSORBOARD_"))}
+    env.update(
+        {
+            "OTEL_TRACKING_SPOOL_DIR": str(root / "spool"),
+            "VERL_FILE_LOGGER_ROOT": str(root / "logs"),
+            "TENSORBOARD_DIR": str(root / "tb"),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_BLRP_SCHEDULE_DELAY": "100",
+            "OTEL_TRACKING_START_TIMEOUT": "120",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def _stalls_in(events: Path) -> list[dict[str, Any]]:
+    if not events.exists():
+        return []
+    lines = [json.loads(line) for line in events.read_text().splitlines() if '"ml.stall"' in line]
+    return [line for line in lines if line.get("event_name") == "ml.stall"]
+
+
+def _otlp_stalls(receiver: HttpReceiver) -> list[dict[str, Any]]:
+    return [r for r in receiver.received.log_records() if r.get("event_name") == "ml.stall"]
+
+
+def _stuck_run(tmp_path: Path, how: str) -> None:
+    flag = tmp_path / "come-back"
+    events = tmp_path / "logs" / "proj" / "exp.events.jsonl"
+    with HttpReceiver() as receiver:
+        env = _env(tmp_path, receiver, OTEL_TRACKING_STALL_AFTER="2")
+        child = subprocess.Popen(
+            [sys.executable, "-c", STUCK, how, str(flag)],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            started = time.monotonic()
+            (first, *_) = wait_for(lambda: _stalls_in(events), timeout_s=60, what="a stall report in the events file")
+            assert child.poll() is None, "reported while the phase is still stuck"
+            otlp = wait_for(lambda: _otlp_stalls(receiver), timeout_s=30, what="the stall report over OTLP")
+            assert child.poll() is None
+        finally:
+            flag.touch()
+        _, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert time.monotonic() - started < 60
+
+    attributes = first["attributes"]
+    assert attributes["ml.phase"] == "update_actor" and attributes["ml.step"] == 3
+    assert 2.0 <= attributes["ml.stall.open_s"] < 2.0 + 15, attributes
+    assert attributes["ml.stall.bound_s"] == 2.0 and attributes["ml.stall.report"] == 1
+    assert attributes["thread.name"] == "MainThread"
+    assert attributes["ml.stall.frame"].startswith("<string>:"), attributes  # the script's own line
+    assert first["severity"] == "WARN"
+    assert first["resource"]["process.pid"] == child.pid
+    body = first["body"]
+    assert body.startswith("Thread ") and "(opened 'update_actor'; stuck here)" in body.splitlines()[0]
+    assert STUCK_LINE[how].split("(")[0] in body or 'File "<string>"' in body, body
+    spans = [json.loads(line) for line in events.read_text().splitlines() if '"type":"span"' in line]
+    (phase,) = [s for s in spans if s["name"] == "update_actor" and s["attributes"].get("ml.step") == 3]
+    assert (first["trace_id"], first["span_id"]) == (phase["trace_id"], phase["span_id"]), "the stuck span's ids"
+
+    (over_otlp, *_) = otlp
+    assert over_otlp["attributes"]["ml.phase"] == "update_actor" and over_otlp["attributes"]["ml.step"] == 3
+    assert "stuck here" in over_otlp["body"]
+
+    assert "otel-tracking: stall: process (pid" in err and "phase 'update_actor' at step 3 open 2 s (bound 2 s)" in err
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "stalls", str(tmp_path / "logs")], capture_output=True, text=True
+    )
+    assert shown.returncode == 1, shown
+    assert "1 stuck phase(s) in 1 events file(s)" in shown.stdout
+    (row,) = [line for line in shown.stdout.splitlines() if "update_actor" in line]
+    assert f" {child.pid} " in row and " 3 " in row and "<string>:" in row
+
+    from tests.test_backend_tensorboard import read_events
+
+    _, texts, _ = read_events(tmp_path / "tb")
+    (tag,) = [t for t in texts if t.startswith("ml.stall/update_actor")]
+    (report_step, text), *_ = texts[tag]
+    assert report_step == 3 and "**stall**: phase `update_actor` at step 3" in text and "stuck here" in text
+
+
+def test_a_rank_stuck_in_a_gil_releasing_wait_is_reported_while_stuck(tmp_path: Path) -> None:
+    _stuck_run(tmp_path, "wait")
+
+
+def test_a_rank_stuck_in_a_pure_python_loop_is_reported_while_stuck(tmp_path: Path) -> None:
+    _stuck_run(tmp_path, "busy")
+
+
+def test_a_worker_process_without_tracking_reports_its_own_stall_over_otlp(tmp_path: Path) -> None:
+    flag = tmp_path / "come-back"
+    with HttpReceiver() as receiver:
+        env = _env(tmp_path, receiver, OTEL_TRACKING_STALL_AFTER="1", RANK="5", OTEL_TRACKING_ROLE="actor")
+        child = subprocess.Popen(
+            [sys.executable, "-c", STUCK, "worker", str(flag)], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            (record, *_) = wait_for(lambda: _otlp_stalls(receiver), timeout_s=60, what="the worker's stall report")
+            assert child.poll() is None
+        finally:
+            flag.touch()
+        _, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert record["resource"]["ml.rank"] == 5 and record["resource"]["ml.role"] == "actor"
+    assert record["attributes"]["ml.phase"] == "update_actor" and record["attributes"]["ml.step"] == 3
+    assert "otel-tracking: stall: actor rank 5 (pid" in err
+
+
+def test_reports_are_off_with_stall_after_zero(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import threading, time
+        from otel_tracking import Tracking, trace_state
+        t = Tracking("proj", "exp", default_backend=["file"])
+        with trace_state("rollout", step=1):
+            time.sleep(1.5)
+        assert not [th for th in threading.enumerate() if th.name == "otel-tracking-stall-watch"]
+        t.log({"x": 1.0}, 1)
+        t.finish()
+        """
+    )
+    with HttpReceiver() as receiver:
+        env = _env(tmp_path, receiver, OTEL_TRACKING_STALL_AFTER="0", OTEL_TRACKING_STALL_FLOOR="0.5")
+        done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert _stalls_in(tmp_path / "logs" / "proj" / "exp.events.jsonl") == []
+    assert "stall" not in done.stderr
+
+
+def _span_started(provider: TracerProvider, name: str, start_ns: int) -> Any:
+    return provider.get_tracer("t").start_span(name, start_time=start_ns)
+
+
+def test_the_learned_bound_never_fires_on_a_healthy_run_whose_phases_vary_30x() -> None:
+    """Model of a healthy run: each phase lasts 3 ms to 90 ms at random (30x apart), checked as the
+    watcher would, at every 10 ms of its life; no report.  Then a phase open for longer than 40x
+    its slowest completed duration is reported, once, and again only when its open time doubles."""
+    import random
+
+    reports: list[Any] = []
+    watch = StallWatch(after_s=None, floor_s=0.01, report=reports.append)
+    provider = TracerProvider()
+    rng = random.Random(7)
+    now = 1_000_000_000_000
+    for i in range(300):  # the shortest first, then the longest: the 30x jump the bound must allow
+        duration_s = [0.003, 0.09][i] if i < 2 else rng.choice([0.003, 0.09, rng.uniform(0.003, 0.09)])
+        span = _span_started(provider, "generate", now)
+        for t in range(0, int(duration_s * 1000), 10):
+            watch.check({span: 1}, now + t * 1_000_000)
+        now += int(duration_s * 1e9)
+        span.end(end_time=now)
+        watch.ended("generate", duration_s)
+    assert reports == [], "a healthy run's phases stayed under the learned bound"
+    bound = watch.bound_s("generate")
+    assert abs(bound - LEARNED_FACTOR * 0.09) < 1e-9, bound
+    assert watch.bound_s("never-ended") == 0.01, "the floor for a phase never seen to end"
+
+    stuck = _span_started(provider, "generate", now)
+    seen = [
+        watch.check({stuck: 1}, now + int(s * 1e9))
+        for s in (bound - 0.01, bound + 1e-3, bound + 1, 2 * bound + 1e-3, 4 * bound + 1e-3)
+    ]
+    assert [len(found) for found in seen] == [0, 1, 0, 1, 1]
+    assert [r.report for r in reports] == [1, 2, 3]
+    assert reports[0].phase == "generate" and reports[0].bound_s == bound
+    watch.check({}, now)  # it ended: forgotten
+    assert watch._due == {}
