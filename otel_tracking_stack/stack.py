@@ -86,6 +86,7 @@ COLLECTOR_MANIFEST = STACK_FILES / "deploy" / "collector" / "builder-config.yaml
 COLLECTOR_CONFIG = STACK_FILES / "collector-config.yaml"
 AGENT_CONFIG = STACK_FILES / "deploy" / "collector" / "agent.yaml"
 JAEGER_CONFIG = STACK_FILES / "deploy" / "jaeger" / "config.yaml"
+STALL_RULES = STACK_FILES / "deploy" / "prometheus" / "stall-rules.yaml"  # the PhaseStalled alert
 
 # In start order; Zipkin starts first and is waited for last (its JVM takes ~20 s to come up).
 PROCESS_NAMES = ("zipkin", "jaeger", "trace_ui_relay", "collector", "prometheus")
@@ -621,6 +622,8 @@ class Stack(_OtlpReceiver):
             "global:\n"
             f"  scrape_interval: {self.scrape_interval}\n"
             f"  evaluation_interval: {self.scrape_interval}\n"
+            "rule_files:\n"
+            f"  - '{STALL_RULES}'\n"
             "scrape_configs:\n"
             "  - job_name: otel-collector\n"
             "    # keep job/instance as the collector exports them (job = service.name)\n"

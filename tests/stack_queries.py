@@ -35,3 +35,9 @@ def prom_query(stack: Any, expr: str, time_: float | None = None) -> list[dict[s
     if data.get("status") != "success":
         raise AssertionError(f"query {expr!r} failed: {data}")
     return list(data["data"]["result"])
+
+
+def prom_alerts(stack: Any) -> list[dict[str, Any]]:
+    """The alerts Prometheus holds now, pending or firing (``/api/v1/alerts``)."""
+    data = _get_json(f"{stack.prometheus_url}/api/v1/alerts")
+    return list(data["data"]["alerts"])

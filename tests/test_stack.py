@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from otel_tracking_stack.stack import Ports, Stack, ensure_binaries
-from tests.stack_queries import jaeger_services, jaeger_traces, prom_query
+from tests.stack_queries import jaeger_services, jaeger_traces, prom_alerts, prom_query
 
 pytestmark = pytest.mark.stack
 
@@ -270,6 +270,57 @@ def test_register_rollout_metrics_reaches_prometheus(stack: Stack, monkeypatch: 
         stack.remove_scrape_target("vllm-rollout")
         server.shutdown()
         thread.join(5)
+
+
+STALLED = """
+import os, sys, threading
+from otel_tracking import Tracking, trace_state
+
+t = Tracking("stall-project", "stall-experiment", default_backend=["file"])
+with trace_state("update_actor", step=3):
+    while not os.path.exists(sys.argv[1]):
+        threading.Event().wait(0.05)
+t.log({"loss": 1.0}, 3)
+t.finish()
+"""
+
+
+def test_a_stalled_phase_fires_the_prometheus_alert_while_it_is_stuck(stack: Stack, tmp_path: Path) -> None:
+    """Issue 32: the gauges ml.phase.open and ml.phase.stall_bound reach Prometheus, and the rule
+    the stack loads (deploy/prometheus/stall-rules.yaml) fires for the stuck rank's phase."""
+    import subprocess
+
+    flag = tmp_path / "come-back"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    env.update(_client_env(stack, tmp_path))
+    env.update(OTEL_TRACKING_STALL_AFTER="2", RANK="3", OTEL_TRACKING_ROLE="actor", OTEL_TRACKING_RUN_ID="stall-run")
+    env["OTEL_TRACKING_SPOOL_DIR"] = str(tmp_path / "spool")
+    child = subprocess.Popen([sys.executable, "-c", STALLED, str(flag)], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
+
+    def firing() -> dict[str, Any] | None:
+        for alert in prom_alerts(stack):
+            labels = alert["labels"]
+            if alert["state"] == "firing" and labels.get("ml_run_id") == "stall-run":
+                return alert
+        return None
+
+    try:
+        alert = poll(firing, timeout=60, what="the PhaseStalled alert firing")
+        assert child.poll() is None, "it fired while the phase was stuck"
+        bound = prom_query(stack, 'ml_phase_stall_bound_seconds{ml_run_id="stall-run"}')
+    finally:
+        flag.touch()
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    labels = alert["labels"]
+    assert labels["alertname"] == "PhaseStalled" and labels["ml_phase"] == "update_actor"
+    assert (labels["ml_rank"], labels["ml_role"], labels["process_pid"]) == ("3", "actor", str(child.pid))
+    assert float(alert["value"]) > 2.0
+    assert (
+        "actor rank 3" in alert["annotations"]["summary"]
+        and "phase update_actor open" in alert["annotations"]["summary"]
+    )
+    assert [float(r["value"][1]) for r in bound] == [2.0]
 
 
 def test_file_sd_scrape_target_reaches_prometheus(stack: Stack) -> None:

@@ -54,7 +54,7 @@ from otel_tracking.signals.carrier import extract_env, has_span, step_from, with
 from otel_tracking.signals.ids import ID_GENERATOR
 from otel_tracking.signals.redact import scrub_strings
 from otel_tracking.signals.semconv import ENDED_BY
-from otel_tracking.signals.steps import LatestValues, StepBatch
+from otel_tracking.signals.steps import LatestValues, StepBatch, labelled_gauge
 from otel_tracking.signals.values import checked_others, split_values, step_as_logged, to_step
 
 logger = logging.getLogger("otel_tracking")
@@ -232,7 +232,24 @@ class Run:
     def _snapshot(self) -> Any:
         if self._latest is None or self.pid != os.getpid():  # the reader's thread restarts in a forked child
             return None
-        return self._latest.snapshot(self.resource)
+        return self._latest.snapshot(self.resource, self._phase_gauges())
+
+    def _phase_gauges(self) -> list[Any]:
+        """For alerting rules: each open phase's age and stall bound (``ml_phase_open_seconds >
+        ml_phase_stall_bound_seconds`` in Prometheus; ``stalls.py``)."""
+        if self.settings.stall_after_s == 0:
+            return []
+        now_ns = time.time_ns()
+        phases = self.stalls.open_phases(self.open_spans, now_ns)
+        if not phases:
+            return []
+        ages = {name: open_s for name, (open_s, _) in phases.items()}
+        bounds = {name: bound for name, (_, bound) in phases.items()}
+        age_about = "how long the phase's oldest open span has been open"
+        return [
+            labelled_gauge("ml.phase.open", "s", age_about, semconv.PHASE, ages, now_ns),
+            labelled_gauge("ml.phase.stall_bound", "s", "how long it may stay open", semconv.PHASE, bounds, now_ns),
+        ]
 
     # --- where spans hang ------------------------------------------------------------------------
 

@@ -66,7 +66,7 @@ class Stall:
 
     def attributes(self) -> dict[str, Any]:
         found: dict[str, Any] = {
-            "ml.phase": self.phase,
+            semconv.PHASE: self.phase,
             "ml.stall.open_s": round(self.open_s, 3),
             "ml.stall.bound_s": round(self.bound_s, 3),
             "ml.stall.report": self.report,
@@ -109,6 +109,16 @@ class StallWatch:
         if self.after_s is not None:
             return self.after_s
         return self.floor_s
+
+    def open_phases(self, open_spans: Mapping[Any, int], now_ns: int) -> dict[str, tuple[float, float]]:
+        """Each phase with a span open: (how long its oldest open span has been open, its bound),
+        in seconds: the gauges ``ml.phase.open`` and ``ml.phase.stall_bound``."""
+        oldest: dict[str, float] = {}
+        for span in list(open_spans):
+            start = getattr(span, "start_time", None)
+            if start is not None and span.is_recording():
+                oldest[span.name] = max(oldest.get(span.name, 0.0), (now_ns - start) / 1e9)
+        return {name: (open_s, self.bound_s(name)) for name, open_s in oldest.items()}
 
     def check(self, open_spans: Mapping[Any, int], now_ns: int | None = None) -> list[Stall]:
         """Report each open span past its next report time; returns what was reported."""

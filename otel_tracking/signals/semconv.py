@@ -34,6 +34,7 @@ ENDED_BY = "ml.span.ended_by"  # set on spans that finish() ended while still op
 # Events (log records) and their attributes.
 GENERATIONS_EVENT = "ml.validation.generations"
 STALL_EVENT = "ml.stall"  # a phase open past its bound (runtime/stalls.py)
+PHASE = "ml.phase"  # a phase's name (a trace_state span's), where it is an attribute
 REWARD_TABLE_EVENT = "ml.table.filtered_reward_counts"
 EVENT_KEY = "ml.key"
 EVENT_BACKENDS = "ml.backends"

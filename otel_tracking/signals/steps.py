@@ -16,7 +16,7 @@ Two shapes, for two kinds of consumer:
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,9 +149,10 @@ class LatestValues:
             for key, value in scalars.items():
                 values[key] = (value, time_ns)
 
-    def snapshot(self, resource: Resource) -> MetricsData | None:
+    def snapshot(self, resource: Resource, extra: Sequence[Metric] = ()) -> MetricsData | None:
+        """The latest values as gauges, and ``extra`` metrics (the open phases' ages)."""
         with self._lock:
-            if self._step is None and not self._values:
+            if self._step is None and not self._values and not extra:
                 return None
             step_point = self._step
             items = list(self._values.items())
@@ -162,4 +163,17 @@ class LatestValues:
         for key, (value, time_ns) in items:
             name = self._names(key)
             metrics.append(_gauge(name, value, time_ns, description=key if name != key else None))
-        return wrap(resource, metrics)
+        return wrap(resource, [*metrics, *extra])
+
+
+def labelled_gauge(
+    name: str, unit: str, description: str, attribute: str, values: Mapping[str, float], time_ns: int
+) -> Metric:
+    """One gauge with a point per value of ``attribute`` (``values``: that value -> the gauge's)."""
+    points = [
+        NumberDataPoint(
+            attributes={attribute: label}, start_time_unix_nano=time_ns, time_unix_nano=time_ns, value=value
+        )
+        for label, value in values.items()
+    ]
+    return Metric(name=name, description=description, unit=unit, data=Gauge(data_points=points))
