@@ -34,7 +34,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from otel_tracking.signals import semconv
@@ -63,6 +63,7 @@ class Stall:
     thread_name: str | None
     frame: str | None  # "path:line in function" of the thread that opened the phase (_own_line)
     stacks: str
+    waiting: Mapping[str, Any] = field(default_factory=dict)  # ml.stall.waiting_ranks, ml.stall.done_ranks
 
     def attributes(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -81,6 +82,7 @@ class Stall:
             found["thread.id"] = self.thread_id
         if self.thread_name is not None:
             found["thread.name"] = self.thread_name
+        found.update(self.waiting)
         return found
 
 
@@ -146,12 +148,39 @@ class StallWatch:
         return reported
 
 
+# What a stuck span waits for, from whoever knows (the verl integration: the worker-group calls
+# dispatched under it, verl/waiting.py): span -> (attributes, lines for the report's body), or None.
+WaitingFor = Callable[[Any], "tuple[dict[str, Any], list[str]] | None"]
+_waiting_sources: list[WaitingFor] = []
+
+
+def add_waiting_source(source: WaitingFor) -> None:
+    if source not in _waiting_sources:
+        _waiting_sources.append(source)
+
+
+def _waiting_for(span: Any) -> tuple[dict[str, Any], list[str]]:
+    attributes: dict[str, Any] = {}
+    lines: list[str] = []
+    for source in list(_waiting_sources):
+        try:
+            found = source(span)
+        except Exception:  # what it waits for is a detail: the report goes out without it
+            found = None
+        if found is not None:
+            attributes.update(found[0])
+            lines.extend(found[1])
+    return attributes, lines
+
+
 def _stall(span: Any, open_s: float, bound_s: float, number: int, thread_id: int | None) -> Stall:
     attributes = dict(getattr(span, "attributes", None) or {})
     step = attributes.get(semconv.STEP)
     lane = attributes.get(semconv.LANE)
     frames = sys._current_frames()
     frame = frames.get(thread_id) if thread_id is not None else None
+    waiting, waiting_lines = _waiting_for(span)
+    stacks = thread_stacks(frames, first=thread_id, phase=span.name)
     return Stall(
         span=span,
         phase=span.name,
@@ -163,7 +192,8 @@ def _stall(span: Any, open_s: float, bound_s: float, number: int, thread_id: int
         thread_id=thread_id,
         thread_name=_thread_name(thread_id),
         frame=_own_line(frame),
-        stacks=thread_stacks(frames, first=thread_id, phase=span.name),
+        stacks="\n".join([*waiting_lines, "", stacks]) if waiting_lines else stacks,
+        waiting=waiting,
     )
 
 
@@ -176,7 +206,12 @@ def stall_line(stall: Stall, resource: Mapping[str, Any]) -> str:
     step = "" if stall.step is None else f" at step {stall.step}"
     lane = "" if stall.lane is None else f" lane {stall.lane}"
     said = f"stall: {where}: phase {stall.phase!r}{lane}{step} open {stall.open_s:.0f} s (bound {stall.bound_s:g} s)"
-    return said + (f", in {stall.frame}" if stall.frame else "")
+    if stall.frame:
+        said += f", in {stall.frame}"
+    waiting = stall.waiting.get("ml.stall.waiting_ranks")
+    if waiting:
+        said += f"; waiting for rank(s) {', '.join(map(str, waiting))}"
+    return said
 
 
 _PATHS = sysconfig.get_paths()

@@ -180,8 +180,14 @@ def _patch_worker_group(base: ModuleType) -> None:
             carrier = quietly("worker-group call", current_carrier)
             if carrier:
                 kwargs[CARRIER] = carrier
-        return verl_execute(self, worker, method_name, *args, **kwargs)
+        ref = verl_execute(self, worker, method_name, *args, **kwargs)
+        quietly("worker-group call", waiting.remember, self, worker, ref)  # whom a stall waits for
+        return ref
 
+    from otel_tracking.runtime import stalls
+    from otel_tracking.verl import waiting
+
+    stalls.add_waiting_source(waiting.waiting_for)
     setattr(_execute_remote_single_worker, _PATCHED, True)
     group._execute_remote_single_worker = _execute_remote_single_worker  # type: ignore[union-attr]
 

@@ -37,6 +37,9 @@ def train(steps: int) -> dict[str, Any]:
         name_prefix="colocated",
     )
     ref = colocated.spawn(prefix_set={"ref"})["ref"]
+    # verl calls init_model on every group before fit(): the workers' start-up is outside any phase
+    actor.flush_telemetry()
+    ref.flush_telemetry()
     results: list[Any] = []
     for step in range(1, steps + 1):
         timing_raw: dict[str, float] = {}
@@ -98,6 +101,9 @@ def main() -> None:
     if not args.ray_first:
         import verl  # noqa: F401  # first, as verl's entry points do: its plugins load here
     env_vars = {"PYTHONPATH": os.environ["PYTHONPATH"]}
+    for name in ("LOOP_STALL_RANK", "LOOP_STALL_CALL", "LOOP_STALL_FLAG"):  # a rank to get stuck (test_stall.py)
+        if name in os.environ:
+            env_vars[name] = os.environ[name]
     if args.setup_hook:  # `ray job submit --runtime-env-json ...`: the driver is left alone
         for name, value in os.environ.items():
             if name.startswith(("OTEL_", "VERL_")):

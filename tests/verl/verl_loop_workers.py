@@ -8,6 +8,8 @@ does verl's ``verl.workers.*`` classes."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 
 import ray
 import torch
@@ -17,6 +19,13 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.profiler import DistProfiler
 from verl.utils.tracking import RLInsightLogger
+
+
+def stuck_until_released(flag: str) -> None:
+    """A rank that hangs (test_stall.py): in a GIL-releasing wait, until the test creates ``flag``."""
+    deadline = time.monotonic() + 120
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def batch(n: int = 4) -> DataProto:
@@ -44,6 +53,9 @@ class ActorWorker(_Profiled):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @DistProfiler.annotate(color="red", role="actor_update")
     def update_actor(self, data: DataProto) -> DataProto:
+        self._updates = getattr(self, "_updates", 0) + 1
+        if os.environ.get("LOOP_STALL_RANK") == str(self.rank) and str(self._updates) == os.environ["LOOP_STALL_CALL"]:
+            stuck_until_released(os.environ["LOOP_STALL_FLAG"])
         data.batch["output"] = data.batch["input"] * 2 + self.rank
         return data
 

@@ -1,0 +1,90 @@
+"""Who is stuck, where, and in which line (issue 32), on verl's own classes switched on from outside:
+the verl-shaped loop (``run_loop.py``) with rank 1 of the actor group stuck in ``update_actor`` (a
+``DistProfiler``-annotated method of a real ``RayWorkerGroup``) at step 3, and
+``OTEL_TRACKING_STALL_AFTER=4``.  Read back from a real OTLP receiver while the rank is stuck."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.otlp_receiver import HttpReceiver, wait_for
+
+HERE = Path(__file__).resolve().parent
+BOUND_S = 4.0
+
+
+def _start_loop(cluster: str, tmp: Path, receiver: HttpReceiver, **extra: str) -> subprocess.Popen[str]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_", "RAY_ADDRESS", "LOOP_"))}
+    env.update(
+        PYTHONPATH=str(HERE),
+        VERL_FILE_LOGGER_PATH=str(tmp / "metrics.jsonl"),
+        OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"),
+        OTEL_TRACKING_VERL="1",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        OTEL_BLRP_SCHEDULE_DELAY="200",
+        OTEL_TRACKING_STALL_AFTER=str(BOUND_S),
+        **extra,
+    )
+    command = [sys.executable, str(HERE / "run_loop.py"), "--address", cluster, "--out", str(tmp / "result.json")]
+    return subprocess.Popen(
+        [*command, "--steps", "3"], env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _stalls(receiver: HttpReceiver) -> list[dict[str, Any]]:
+    return [r for r in receiver.received.log_records() if r["event_name"] == "ml.stall"]
+
+
+def test_a_stuck_rank_is_named_with_its_line_by_itself_and_by_the_driver(cluster: str, tmp_path: Path) -> None:
+    with HttpReceiver() as receiver:
+        healthy = _start_loop(cluster, tmp_path / "healthy", receiver)
+        _, err = healthy.communicate(timeout=600)
+        assert healthy.returncode == 0, err[-4000:]
+        stalls = [(r["attributes"]["ml.phase"], r["attributes"]["ml.stall.open_s"]) for r in _stalls(receiver)]
+        assert stalls == [], f"a healthy run yields no ml.stall at all: {stalls}"
+
+    flag = tmp_path / "stuck" / "come-back"
+    with HttpReceiver() as receiver:
+        loop = _start_loop(
+            cluster, tmp_path / "stuck", receiver, LOOP_STALL_RANK="1", LOOP_STALL_CALL="3", LOOP_STALL_FLAG=str(flag)
+        )
+        try:
+
+            def both() -> tuple[dict[str, Any], dict[str, Any]] | None:
+                records = _stalls(receiver)
+                worker = [r for r in records if r["resource"].get("ml.rank") == 1 and r["resource"].get("ml.role")]
+                driver = [r for r in records if r["attributes"].get("ml.phase") == "update_actor"]
+                return (worker[0], driver[0]) if worker and driver else None
+
+            worker, driver = wait_for(both, timeout_s=180, what="the stuck rank's and the driver's ml.stall records")
+            assert loop.poll() is None and not flag.exists(), "reported while the rank is still stuck"
+        finally:
+            flag.parent.mkdir(parents=True, exist_ok=True)
+            flag.touch()
+        _, err = loop.communicate(timeout=600)
+    assert loop.returncode == 0, err[-4000:]
+    assert len(json.loads((tmp_path / "stuck" / "result.json").read_text())["results"]) == 3, "the run completed"
+
+    # the stuck rank says it itself: its phase, step and the line it is stuck in
+    assert worker["resource"]["ml.role"] == "actor"
+    attributes = worker["attributes"]
+    assert (attributes["ml.phase"], attributes["ml.step"]) == ("actor_update", 3), attributes
+    assert BOUND_S <= attributes["ml.stall.open_s"] < BOUND_S + 15, attributes
+    assert (
+        "verl_loop_workers.py" in attributes["ml.stall.frame"]
+        and "stuck_until_released" in attributes["ml.stall.frame"]
+    )
+    assert "time.sleep(0.05)" in worker["body"] and "stuck here" in worker["body"]
+
+    # the driver names exactly that rank as the one it waits for, without asking it
+    assert driver["attributes"]["ml.step"] == 3
+    assert driver["attributes"]["ml.stall.waiting_ranks"] == [1], driver["attributes"]
+    assert driver["attributes"]["ml.stall.done_ranks"] == [0], driver["attributes"]
+    assert "rank 1: actor " in driver["body"] and ", pid " in driver["body"]
+    assert "waiting for rank(s) 1" in err
