@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from otel_tracking.runtime.stalls import LEARNED_FACTOR, StallWatch
@@ -221,3 +222,35 @@ def test_the_learned_bound_never_fires_on_a_healthy_run_whose_phases_vary_30x() 
     assert reports[0].phase == "generate" and reports[0].bound_s == bound
     watch.check({}, now)  # it ended: forgotten
     assert watch._due == {}
+
+
+def test_the_trackers_show_a_stall_the_way_their_users_watch_for_one(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow: a tag on the run (the runs table) and the report as a text artifact; wandb: an alert
+    (what wandb sends to Slack or email), recorded in the offline run for ``wandb sync``."""
+    from otel_tracking import Tracking, trace_state
+    from tests import readers_mlflow, readers_wandb
+
+    uri = f"sqlite:///{isolated / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("OTEL_TRACKING_STALL_AFTER", "1")
+    monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", "120")
+    tracking = Tracking("proj", "exp", default_backend=["mlflow", "wandb"])
+    tracking.log({"loss": 1.0}, 1)
+    with trace_state("update_actor", step=2):
+        time.sleep(1.6)
+    tracking.log({"loss": 0.5}, 2)
+    tracking.finish()
+
+    client = readers_mlflow.client(uri)
+    run = readers_mlflow.only_run(client, client.get_experiment_by_name("proj").experiment_id)
+    tag = run.data.tags["ml.stall.update_actor"]
+    assert tag.startswith("phase update_actor at step 2 open ") and "(bound 1.0 s, report 1), in " in tag, tag
+    text = client.download_artifacts(run.info.run_id, "stalls/update_actor-step2-report1.md", str(isolated))
+    assert "stuck here" in Path(text).read_text() and "test_stalls.py" in Path(text).read_text()
+
+    wandb_run = readers_wandb.only_run(isolated / "wandb")
+    alerts = [r.alert for r in wandb_run.records if r.WhichOneof("record_type") == "alert"]
+    assert [(a.title, a.level) for a in alerts] == [("stall: update_actor at step 2", "WARN")], alerts
+    assert alerts[0].text.startswith("phase update_actor at step 2 open ")

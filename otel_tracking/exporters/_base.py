@@ -204,6 +204,25 @@ class Event:
         return cls(name, step, str(key) if key is not None else None, body, attributes, time_ns, text)
 
 
+def stall_summary(event: Event) -> str:
+    """One line of a stall report (``ml.stall``, runtime/stalls.py): what, how long, where."""
+    a = event.attributes
+    said = (
+        f"phase {a.get('ml.phase')} at step {a.get('ml.step', '?')} open {a.get('ml.stall.open_s')} s "
+        f"(bound {a.get('ml.stall.bound_s')} s, report {a.get('ml.stall.report')}), in {a.get('ml.stall.frame')}"
+    )
+    waiting = a.get("ml.stall.waiting_ranks")
+    if waiting:
+        said += f"; waiting for rank(s) {', '.join(map(str, waiting))}"
+    return said
+
+
+def stall_markdown(event: Event) -> str:
+    """A stall report as markdown: the summary, then every thread's stack as code."""
+    stacks = "\n".join("    " + line for line in (event.text or "").splitlines())
+    return f"**stall**: {stall_summary(event)}\n\n{stacks}"
+
+
 class BridgeSession(ABC):
     """One backend run, shared by a bridge's metric, span and log exporters.
 

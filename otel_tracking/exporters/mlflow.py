@@ -66,6 +66,8 @@ from otel_tracking.exporters._base import (
     StepRecord,
     bridge_exporters,
     sample_parts,
+    stall_markdown,
+    stall_summary,
 )
 from otel_tracking.exporters._batching import Limits, Point, send_in_lanes
 from otel_tracking.exporters.timings import PhaseTiming
@@ -531,7 +533,11 @@ class MlflowSession(BridgeSession):
         return ok
 
     def write_event(self, event: Event) -> bool:
-        """Validation generations as ``val_step{N}.json`` artifacts; other events are not MLflow's."""
+        """Validation generations as ``val_step{N}.json`` artifacts; a stall report as the tag
+        ``ml.stall.<phase>`` (its summary: what the runs table shows) and the text artifact
+        ``stalls/<phase>-step<N>-report<n>.md`` (summary and stacks); other events are not MLflow's."""
+        if event.name == semconv.STALL_EVENT:
+            return self.log_stall(event)
         if event.name != GENERATIONS_EVENT:
             return True
         try:
@@ -665,6 +671,18 @@ class MlflowSession(BridgeSession):
 
             self._tracing = TracingClient(self.tracking_uri)
         return self._tracing
+
+    def log_stall(self, event: Event) -> bool:
+        a = event.attributes
+        phase = re.sub(r"[^A-Za-z0-9_.\-/ ]", "_", str(a.get("ml.phase", "phase")))[:200]
+        name = f"stalls/{phase.replace('/', '_')}-step{a.get('ml.step', 'none')}-report{a.get('ml.stall.report', 1)}.md"
+        try:
+            self.client.set_tag(self.run_id, f"ml.stall.{phase}", stall_summary(event)[:5000])
+            self.client.log_text(self.run_id, stall_markdown(event), name)
+        except Exception as error:
+            logger.warning("otel-tracking: MLflow did not take a stall report: %s", error)
+            return False
+        return True
 
     def log_generations(self, samples: Sequence[Any], step: int) -> None:
         """``val_step{step}.json`` at the artifact root, as the reference wrote it."""

@@ -50,6 +50,7 @@ from otel_tracking.exporters._base import (
     Event,
     StepRecord,
     bridge_exporters,
+    stall_markdown,
 )
 from otel_tracking.exporters.timings import PhaseTiming
 from otel_tracking.signals.semconv import GENERATIONS_EVENT, STALL_EVENT
@@ -212,7 +213,7 @@ class TensorboardSession(BridgeSession):
             step = self.last_step if event.step is None else event.step
             phase = str(event.attributes.get("ml.phase", "?"))
             wall_time = event.time_unix_nano / 1e9 if event.time_unix_nano else None
-            self.write(step, [text_value(f"ml.stall/{phase}", stall_text(event))], wall_time)
+            self.write(step, [text_value(f"ml.stall/{phase}", stall_markdown(event))], wall_time)
             return True
         if event.name != GENERATIONS_EVENT:
             return True
@@ -229,17 +230,6 @@ class TensorboardSession(BridgeSession):
             if self._writer is not None:
                 self._writer.close()
             self._writer = None
-
-
-def stall_text(event: Event) -> str:
-    """A stall report as markdown: what, how long, where, then every thread's stack."""
-    a = event.attributes
-    head = (
-        f"**stall**: phase `{a.get('ml.phase')}` at step {a.get('ml.step', '?')}, open {a.get('ml.stall.open_s')} s "
-        f"(bound {a.get('ml.stall.bound_s')} s, report {a.get('ml.stall.report')}), in `{a.get('ml.stall.frame')}`"
-    )
-    stacks = "\n".join("    " + line for line in (event.text or "").splitlines())  # markdown code
-    return f"{head}\n\n{stacks}"
 
 
 def scalar_value(tag: str, value: float) -> Any:

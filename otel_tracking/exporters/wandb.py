@@ -64,9 +64,10 @@ from otel_tracking.exporters._base import (
     StepRecord,
     bridge_exporters,
     sample_parts,
+    stall_summary,
 )
 from otel_tracking.exporters.timings import PhaseTiming
-from otel_tracking.signals.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT
+from otel_tracking.signals.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT, STALL_EVENT
 
 logger = logging.getLogger("otel_tracking")
 
@@ -113,7 +114,7 @@ class WandbSession(BridgeSession):
     """One wandb run shared by a metric, a span and a log exporter.  Calls are serialized by a
     lock (spans end in any thread); no threads of its own."""
 
-    events: tuple[str, ...] = (GENERATIONS_EVENT, REWARD_TABLE_EVENT)  # the event kinds it writes
+    events: tuple[str, ...] = (GENERATIONS_EVENT, REWARD_TABLE_EVENT, STALL_EVENT)  # the event kinds it writes
 
     def __init__(self, module: Any, run: Any, backend: str = "wandb", monotonic_steps: bool = True) -> None:
         self.module = module
@@ -381,6 +382,8 @@ class WandbSession(BridgeSession):
         if event.name not in self.events:
             return True
         step = 0 if event.step is None else event.step
+        if event.name == STALL_EVENT:
+            return self.alert_stall(event)
         if event.name == GENERATIONS_EVENT:
             return self.log_generations(list(event.body.get("samples") or []), step)
         row = list(event.body.get("row") or [step, ""])
@@ -391,6 +394,17 @@ class WandbSession(BridgeSession):
             return False
         patched = getattr(self.module, "patched", None)
         return not (isinstance(patched, Mapping) and patched.get("tensorboard"))
+
+    def alert_stall(self, event: Event) -> bool:
+        """A wandb alert (what wandb sends to Slack or email, per the user's settings), WARN."""
+        alert = getattr(self.run, "alert", None)
+        if not callable(alert):  # a rewind that has not opened yet, or a wandb-like without alerts
+            return True
+        a = event.attributes
+        title = f"stall: {a.get('ml.phase')} at step {a.get('ml.step', '?')}"[:63]
+        with self._lock:
+            alert(title=title, text=stall_summary(event), level="WARN", wait_duration=0)
+        return True
 
     def log_generations(self, samples: Sequence[Any], step: int) -> bool:
         """The reference's ``_log_generations_to_wandb``: one row ``[step, in_1, out_1, score_1, ...]``."""
