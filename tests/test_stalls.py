@@ -228,7 +228,8 @@ def test_the_trackers_show_a_stall_the_way_their_users_watch_for_one(
     isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """MLflow: a tag on the run (the runs table) and the report as a text artifact; wandb: an alert
-    (what wandb sends to Slack or email), recorded in the offline run for ``wandb sync``."""
+    (what wandb sends to Slack or email), recorded in the offline run for ``wandb sync``; Trackio:
+    an alert (its dashboard, a webhook), read back through its own storage."""
     from otel_tracking import Tracking, trace_state
     from tests import readers_mlflow, readers_wandb
 
@@ -236,7 +237,8 @@ def test_the_trackers_show_a_stall_the_way_their_users_watch_for_one(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("OTEL_TRACKING_STALL_AFTER", "1")
     monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", "120")
-    tracking = Tracking("proj", "exp", default_backend=["mlflow", "wandb"])
+    monkeypatch.setenv("TRACKIO_DIR", str(isolated / "trackio"))
+    tracking = Tracking("proj", "exp", default_backend=["mlflow", "wandb", "trackio"])
     tracking.log({"loss": 1.0}, 1)
     with trace_state("update_actor", step=2):
         time.sleep(1.6)
@@ -254,3 +256,18 @@ def test_the_trackers_show_a_stall_the_way_their_users_watch_for_one(
     alerts = [r.alert for r in wandb_run.records if r.WhichOneof("record_type") == "alert"]
     assert [(a.title, a.level) for a in alerts] == [("stall: update_actor at step 2", "WARN")], alerts
     assert alerts[0].text.startswith("phase update_actor at step 2 open ")
+
+    reader = (
+        "import json, sys\nfrom trackio.sqlite_storage import SQLiteStorage\n"
+        "print(json.dumps(SQLiteStorage.get_alerts('proj', run_name='exp')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", reader],
+        env={**os.environ, "TRACKIO_DIR": str(isolated / "trackio")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (trackio_alert,) = json.loads(done.stdout.strip().splitlines()[-1])
+    assert trackio_alert["title"] == "stall: update_actor at step 2" and trackio_alert["level"] == "warn", trackio_alert
+    assert trackio_alert["text"].startswith("phase update_actor at step 2 open ") and trackio_alert["step"] == 2

@@ -50,10 +50,11 @@ from otel_tracking.exporters._base import (
     Event,
     StepRecord,
     bridge_exporters,
+    stall_summary,
 )
 from otel_tracking.exporters.timings import PhaseTiming
 from otel_tracking.signals.redact import scrubbed_logger
-from otel_tracking.signals.semconv import GENERATIONS_EVENT
+from otel_tracking.signals.semconv import GENERATIONS_EVENT, STALL_EVENT
 
 logger = scrubbed_logger("otel_tracking.exporters.trackio")
 
@@ -174,7 +175,18 @@ class TrackioSession(BridgeSession):
         return True
 
     def write_event(self, event: Event) -> bool:
-        """Validation generations as Trackio traces; other events have no Trackio form here."""
+        """Validation generations as Trackio traces; a stall report as a Trackio alert (WARN: the
+        dashboard shows it, a configured webhook posts it to Slack or Discord); other events have
+        no Trackio form here."""
+        if event.name == STALL_EVENT:
+            a = event.attributes
+            step = self.last_step if event.step is None else event.step
+            from trackio.alerts import AlertLevel
+
+            title = f"stall: {a.get('ml.phase')} at step {a.get('ml.step', '?')}"
+            with self._lock:
+                self.run.alert(title=title, text=stall_summary(event), level=AlertLevel.WARN, step=step)
+            return True
         if event.name != GENERATIONS_EVENT:
             return True
         step = self.last_step if event.step is None else event.step
