@@ -101,7 +101,8 @@ def main() -> None:
     if not args.ray_first:
         import verl  # noqa: F401  # first, as verl's entry points do: its plugins load here
     env_vars = {"PYTHONPATH": os.environ["PYTHONPATH"]}
-    for name in ("LOOP_STALL_RANK", "LOOP_STALL_CALL", "LOOP_STALL_FLAG"):  # a rank to get stuck (test_stall.py)
+    stuck_rank = ("LOOP_STALL_RANK", "LOOP_STALL_CALL", "LOOP_STALL_FLAG", "LOOP_STALL_BUSY")  # test_stall.py
+    for name in stuck_rank:
         if name in os.environ:
             env_vars[name] = os.environ[name]
     if args.setup_hook:  # `ray job submit --runtime-env-json ...`: the driver is left alone

@@ -21,11 +21,13 @@ from verl.utils.profiler import DistProfiler
 from verl.utils.tracking import RLInsightLogger
 
 
-def stuck_until_released(flag: str) -> None:
-    """A rank that hangs (test_stall.py): in a GIL-releasing wait, until the test creates ``flag``."""
+def stuck_until_released(flag: str, busy: bool) -> None:
+    """A rank that hangs (test_stall.py) until the test creates ``flag``: in a GIL-releasing wait,
+    or ``busy`` in a pure-Python loop that never yields."""
     deadline = time.monotonic() + 120
     while not os.path.exists(flag) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        if not busy:
+            time.sleep(0.05)
 
 
 def batch(n: int = 4) -> DataProto:
@@ -55,7 +57,7 @@ class ActorWorker(_Profiled):
     def update_actor(self, data: DataProto) -> DataProto:
         self._updates = getattr(self, "_updates", 0) + 1
         if os.environ.get("LOOP_STALL_RANK") == str(self.rank) and str(self._updates) == os.environ["LOOP_STALL_CALL"]:
-            stuck_until_released(os.environ["LOOP_STALL_FLAG"])
+            stuck_until_released(os.environ["LOOP_STALL_FLAG"], os.environ.get("LOOP_STALL_BUSY") == "1")
         data.batch["output"] = data.batch["input"] * 2 + self.rank
         return data
 
