@@ -21,26 +21,24 @@ from hypothesis import strategies as st
 from otel_tracking.delivery.codec import DECODERS
 from otel_tracking.delivery.spool import Spool, unframe
 from tests.otlp_receiver import HttpReceiver
+from tests.test_replay import _spool
 
 _SIGNALS = {"int": signal.SIGINT, "term": signal.SIGTERM, "kill": signal.SIGKILL}
 
 
 def _spans_spool(path: Path, n: int) -> None:
-    """A spool of ``n`` records, one span each, named ``s0`` .. ``s<n-1>``."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    """A spool of ``n`` records, one span each, named ``r1-0`` .. ``r1-<n-1>``."""
+    _spool(path, "r1", n).close()
 
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    for i in range(n):
-        with provider.get_tracer("t").start_as_current_span(f"s{i}"):
-            pass
-    spool = Spool(path, {"sink": "otlp-traces", "project": "p", "experiment": "e", "run_id": "r1", "pid": 1})
-    for span in memory.get_finished_spans():
-        spool.write("spans", [span])
-    spool.close()
+
+def _replay_to_the_end(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "replay", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _start_replay(path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -107,19 +105,13 @@ def test_every_spooled_record_arrives_at_most_once_however_replay_is_stopped(
                 assert replay.returncode == 130, err
                 assert "interrupted; run it again to go on" in err, err
         if path.exists():
-            final = subprocess.run(
-                [sys.executable, "-m", "otel_tracking", "replay", str(path)],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            final = _replay_to_the_end(path, env)
             assert final.returncode in (0, 1), final.stderr
         arrived = _names(receiver)
     doubt = _in_doubt(path)
     twice = sorted({name for name in arrived if arrived.count(name) > 1})
     assert not twice, f"delivered twice: {twice}"
-    assert set(arrived) | set(doubt) == {f"s{i}" for i in range(n)}, "a record neither arrived nor was set aside"
+    assert set(arrived) | set(doubt) == {f"r1-{i}" for i in range(n)}, "a record neither arrived nor was set aside"
     if "kill" not in [name for name, _ in stops]:
         assert doubt == [], "only a replay killed with a record on its way sets one aside"
     assert path.with_name(path.name + ".replayed").exists(), "the last replay delivered the rest"
@@ -155,13 +147,7 @@ def test_a_replay_interrupted_by_ctrl_c_goes_on_and_tensorboard_holds_each_step_
     assert replay.returncode == 130, err
     assert "interrupted; the next replay goes on after record" in err, err
 
-    again = subprocess.run(
-        [sys.executable, "-m", "otel_tracking", "replay", str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = _replay_to_the_end(path, env)
     assert again.returncode == 0, again.stderr
     assert "going on after record" in again.stderr
 
