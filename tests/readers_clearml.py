@@ -27,6 +27,7 @@ class ClearMLSession:
     plots: list[tuple[str, str, int, dict[str, Any]]] = field(default_factory=list)  # (title, series, iter, plot)
     configuration: dict[str, Any] = field(default_factory=dict)  # name -> parsed value
     has_configuration: dict[str, bool] = field(default_factory=dict)
+    logs: list[tuple[str, str]] = field(default_factory=list)  # (level, msg) of the Console tab
 
     def user_scalars(self) -> list[tuple[str, str, int, float]]:
         return [s for s in self.scalars if not s[0].startswith(MONITOR_PREFIX)]
@@ -67,6 +68,11 @@ def read_session(folder: Path | str) -> ClearMLSession:
                     session.plots.append(
                         (event["metric"], event["variant"], event["iter"], json.loads(event["plot_str"]))
                     )
+    console = folder / "log.jsonl"
+    if console.exists():
+        for line in console.read_text().splitlines():
+            if line.strip():
+                session.logs.extend((event.get("level", ""), event.get("msg", "")) for event in json.loads(line))
     task = json.loads((folder / "task.json").read_text())
     session.name = task.get("name") or ""
     session.project = task.get("project_name") or ""

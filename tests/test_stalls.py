@@ -271,3 +271,37 @@ def test_the_trackers_show_a_stall_the_way_their_users_watch_for_one(
     (trackio_alert,) = json.loads(done.stdout.strip().splitlines()[-1])
     assert trackio_alert["title"] == "stall: update_actor at step 2" and trackio_alert["level"] == "warn", trackio_alert
     assert trackio_alert["text"].startswith("phase update_actor at step 2 open ") and trackio_alert["step"] == 2
+
+
+def test_swanlab_and_clearml_show_a_stall_as_text(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, clearml_config_file: Path
+) -> None:
+    """SwanLab: a text entry ``ml.stall/<phase>`` at the step (its media panel); ClearML: a
+    WARNING in the task's console (its Console tab); each read back from its own offline store."""
+    from otel_tracking import Tracking, trace_state
+    from tests import readers_clearml, readers_swanlab
+
+    monkeypatch.setenv("OTEL_TRACKING_STALL_AFTER", "1")
+    monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", "120")
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    monkeypatch.setenv("SWANLAB_LOG_DIR", str(isolated / "swanlog"))
+    monkeypatch.setenv("HOME", str(isolated / "home"))
+    monkeypatch.setenv("CLEARML_CONFIG_FILE", str(clearml_config_file))
+    monkeypatch.setenv("CLEARML_OFFLINE_MODE", "1")
+    tracking = Tracking("proj", "exp", default_backend=["swanlab", "clearml"])
+    tracking.log({"loss": 1.0}, 1)
+    with trace_state("update_actor", step=2):
+        time.sleep(1.6)
+    tracking.log({"loss": 0.5}, 2)
+    tracking.finish()
+
+    (run,) = readers_swanlab.wait_for_run(isolated / "swanlog")
+    (media,) = [(step, files) for key, step, files in run.media if key == "ml.stall/update_actor"]
+    assert media[0] == 2
+    text = (run.path / "media" / "text" / media[1][0]).read_text()
+    assert text.startswith("**stall**: phase update_actor at step 2 open ") and "stuck here" in text
+
+    (session,) = readers_clearml.wait_for_sessions(isolated / "home")
+    warnings = [msg for level, msg in session.logs if level == "warning" and "**stall**" in msg]
+    assert len(warnings) == 1 and "phase update_actor at step 2 open " in warnings[0], session.logs
+    assert "stuck here" in warnings[0]

@@ -34,6 +34,7 @@ What lands where:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
@@ -49,9 +50,10 @@ from otel_tracking.exporters._base import (
     StepRecord,
     bridge_exporters,
     sample_parts,
+    stall_markdown,
 )
 from otel_tracking.signals.redact import scrubbed_logger
-from otel_tracking.signals.semconv import GENERATIONS_EVENT
+from otel_tracking.signals.semconv import GENERATIONS_EVENT, STALL_EVENT
 
 logger = scrubbed_logger("otel_tracking.clearml")
 
@@ -151,6 +153,12 @@ class ClearMLSession(HighestStep, BridgeSession):
         return self.report_scalars({key: seconds}, step)
 
     def write_event(self, event: Event) -> bool:
+        if event.name == STALL_EVENT:  # a WARNING line in the task's console (its Console tab)
+            with self._lock:
+                if self.finished:
+                    return False
+                self.logger.report_text(stall_markdown(event), level=logging.WARNING, print_console=False)
+            return True
         if event.name != GENERATIONS_EVENT:
             return True  # the filtered-reward table is wandb-only in the reference
         step = self.last_step if event.step is None else event.step

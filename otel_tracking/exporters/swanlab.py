@@ -42,9 +42,10 @@ from otel_tracking.exporters._base import (
     StepRecord,
     bridge_exporters,
     sample_parts,
+    stall_markdown,
 )
 from otel_tracking.signals.redact import scrubbed_logger
-from otel_tracking.signals.semconv import GENERATIONS_EVENT
+from otel_tracking.signals.semconv import GENERATIONS_EVENT, STALL_EVENT
 
 logger = scrubbed_logger("otel_tracking.swanlab")
 
@@ -138,6 +139,10 @@ class SwanLabSession(HighestStep, BridgeSession):
         return self.log({key: seconds}, step)
 
     def write_event(self, event: Event) -> bool:
+        if event.name == STALL_EVENT:  # a text entry at the step, under ml.stall/<phase>
+            step = self.last_step if event.step is None else event.step
+            key = f"ml.stall/{event.attributes.get('ml.phase', 'phase')}"
+            return self.log({key: self._swanlab.Text(stall_markdown(event))}, step)
         if event.name != GENERATIONS_EVENT:
             return True  # the filtered-reward table is wandb-only in the reference
         step = self.last_step if event.step is None else event.step
