@@ -1,9 +1,10 @@
 """``otel-tracking demo``: a simulated RL post-training run through the facade.
 
-Each step runs rollout (one lane per simulated inference worker, in threads), reward and update
-phases as ``trace_state`` spans, then logs ~30 verl-style metrics; every ``--val-every`` steps a
-validation phase logs ``val-core/...@4`` metrics and generations.  Nothing is trained: values
-follow smooth curves with noise from a fixed seed, so two runs log the same numbers.
+Each step runs rollout (one lane per simulated inference worker, in threads; the last lane is a
+straggler, three times slower), reward and update phases as ``trace_state`` spans, then logs ~30
+verl-style metrics; every ``--val-every`` steps a validation phase logs ``val-core/...@4`` metrics
+and generations.  Nothing is trained: values follow smooth curves with noise from a fixed seed, so
+two runs log the same numbers.
 """
 
 from __future__ import annotations
@@ -160,6 +161,9 @@ def _clearml_offline(out: Path) -> None:
     os.environ["CLEARML_CONFIG_FILE"] = str(config)
 
 
+STRAGGLER_SLOWDOWN = 3  # with several lanes, the last one generates this many times slower
+
+
 def _rollout_worker(lane: int, step: int, pause_s: float) -> None:
     with trace_state("generate", state_lane_id=lane, step=step, worker=f"vllm-{lane}"):
         time.sleep(pause_s)
@@ -189,7 +193,13 @@ def run_demo(
                         if phase == "rollout":
                             # Each worker gets a copy of this context, so its span nests under rollout.
                             futures = [
-                                pool.submit(contextvars.copy_context().run, _rollout_worker, lane, step, pause_s)
+                                pool.submit(
+                                    contextvars.copy_context().run,
+                                    _rollout_worker,
+                                    lane,
+                                    step,
+                                    pause_s * (STRAGGLER_SLOWDOWN if lanes > 1 and lane == lanes - 1 else 1),
+                                )
                                 for lane in range(lanes)
                             ]
                             for future in futures:
@@ -208,3 +218,26 @@ def run_demo(
                     ]
                     generations.log(list(backends), samples, step)
     return tracking
+
+
+def straggler_summary(events_path: Path) -> str | None:
+    """Which lane the run's phases waited for most, read back from its events file (what
+    ``otel-tracking timeline`` draws), or None when no phase ran on several lanes."""
+    from collections import Counter
+
+    from otel_tracking.cli.timeline import lane_label, read_spans, select_steps, stragglers
+
+    spans = read_spans([events_path])
+    steps = [s.step for s in spans if s.step is not None]
+    if not steps:
+        return None
+    found = stragglers(select_steps(spans, min(steps), max(steps)))
+    if not found:
+        return None
+    (phase, lane), count = Counter((f.phase, f.lane) for f in found).most_common(1)[0]
+    lags = sorted(f.lag_s for f in found if (f.phase, f.lane) == (phase, lane))
+    of = len({f.step for f in found if f.phase == phase})
+    return (
+        f"straggler: in {phase!r}, {lane_label(lane)} ended last in {count} of {of} steps "
+        f"(median {1000 * lags[len(lags) // 2]:.1f} ms after the median lane)"
+    )

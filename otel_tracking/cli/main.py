@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from otel_tracking.cli.demo import DemoPlaces, run_demo
+    from otel_tracking.cli.demo import DemoPlaces, run_demo, straggler_summary
 
     backends = [name.strip() for name in args.backends.split(",") if name.strip()]
     places = DemoPlaces(Path(args.out).resolve(), project="otel-tracking-demo", experiment="grpo-simulated")
@@ -26,12 +26,25 @@ def _demo(args: argparse.Namespace) -> int:
     print("\nThe run is done. Where each sink wrote:")
     for name, where in tracking.where().items():
         print(f"  {name:>12}: {where}")
+    events = _events_file(places.project, places.experiment) if "file" in backends else None
+    straggler = straggler_summary(events) if events is not None else None
+    if straggler:
+        print(f"\nThe step's anatomy: {straggler}; draw a step:\n  otel-tracking timeline {events} --steps 3")
     hints = places.next_steps(backends)
     if hints:
         print("\nTo look at it:")
         for hint in hints:
             print(f"  {hint}")
     return 0
+
+
+def _events_file(project: str, experiment: str) -> Path | None:
+    """The file sink's events file of a finished demo run, if it wrote one."""
+    from otel_tracking.config import paths
+    from otel_tracking.exporters.file import events_path
+
+    path = events_path(paths.file_sink_path(project, experiment))
+    return path if path.exists() else None
 
 
 def _stack(args: argparse.Namespace) -> int:
@@ -50,6 +63,20 @@ def _stalls(args: argparse.Namespace) -> int:
     from otel_tracking.cli import stalls
 
     return stalls.main(args.paths, stacks=args.stacks)
+
+
+def _timeline(args: argparse.Namespace) -> int:
+    from otel_tracking.cli import timeline
+
+    return timeline.main(args.paths, args.steps, args.out)
+
+
+def _steps(raw: str) -> str:
+    """An argparse type: ``N`` or ``N-M`` (steps), else a one-line usage error."""
+    first, _, last = raw.partition("-")
+    if not first.isdigit() or (last and not last.isdigit()) or (last and int(last) < int(first)):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a step or a range of steps (3, or 3-5)")
+    return raw
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -141,6 +168,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     stalls.add_argument("--stacks", action="store_true", help="print each report's Python stacks too")
     stalls.set_defaults(func=_stalls)
+
+    timeline = commands.add_parser(
+        "timeline",
+        help="a picture of a step: every lane's spans over time (HTML) and Chrome trace events (Perfetto)",
+        epilog="Reads the span lines of the file sink's events files. Writes <out>.html (one row per lane, the "
+        "training process's phases on top, idle time empty, each phase's straggler outlined and listed) and "
+        "<out>.json (Chrome trace events). Exit code 2 when no span of those steps was found.",
+    )
+    timeline.add_argument(
+        "paths", nargs="*", help="events files (<experiment>.events.jsonl) or directories (default: the current one)"
+    )
+    timeline.add_argument("--steps", type=_steps, help="a step (3) or a range (3-5); default: the last step")
+    timeline.add_argument("--out", help="where to write, without suffix (default: timeline-step<N>)")
+    timeline.set_defaults(func=_timeline)
 
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,299 @@
+"""``otel-tracking timeline``: a picture of a step, from the spans a run left in its events files.
+
+Reads the ``span`` lines of the file sink's events files (``<experiment>.events.jsonl``: the
+training process's, and any other process's that wrote one), keeps the spans of the chosen steps
+(a span's ``ml.step``, else the step of its trace's ``ml.step`` root), and writes two files:
+
+* ``<out>.html``: one self-contained page (inline SVG, no script, nothing fetched) that a browser
+  opens offline: one row per lane (the training process's phases on top, then each role and rank,
+  each ``ml.lane``), nested spans stacked inside their row, the time between spans left empty
+  (idle), and each phase's straggler named: of the spans under one phase on several lanes, the one
+  that ended last, and how much later than the median lane it ended;
+* ``<out>.json``: the same spans as Chrome trace events (complete ``X`` events, one process per
+  role and rank, one thread per lane, named with metadata events), which Perfetto
+  (ui.perfetto.dev) and ``chrome://tracing`` open.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_tracking.cli.stalls import events_files
+from otel_tracking.signals.semconv import LANE, RANK, ROLE, STEP, STEP_SPAN_NAME
+
+
+@dataclass
+class Span:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    start_ns: int
+    end_ns: int
+    step: int | None
+    lane: tuple[str, str]  # (process: "driver" or "<role> rank <r>", lane within it: "" or the ml.lane)
+    attributes: dict[str, Any] = field(default_factory=dict)
+    depth: int = 0
+
+
+def read_spans(files: Iterable[Path]) -> list[Span]:
+    """Every span line of the events files, with its step (its own, else its trace root's)."""
+    raw: list[dict[str, Any]] = []
+    for path in files:
+        with open(path, "rb") as handle:
+            for line in handle:
+                if b'"type":"span"' not in line:
+                    continue
+                try:
+                    raw.append(json.loads(line))
+                except ValueError:  # a line cut short by a kill
+                    continue
+    root_steps = {
+        s["trace_id"]: s["attributes"].get(STEP)
+        for s in raw
+        if s["name"] == STEP_SPAN_NAME and s.get("parent_span_id") is None
+    }
+    spans = []
+    for s in raw:
+        if s.get("start_time_unix_nano") is None or s.get("end_time_unix_nano") is None:
+            continue
+        attributes = s.get("attributes") or {}
+        step = attributes.get(STEP, root_steps.get(s["trace_id"]))
+        spans.append(
+            Span(
+                name=s["name"],
+                trace_id=s["trace_id"],
+                span_id=s["span_id"],
+                parent_id=s.get("parent_span_id"),
+                start_ns=int(s["start_time_unix_nano"]),
+                end_ns=int(s["end_time_unix_nano"]),
+                step=int(step) if isinstance(step, (int, float)) else None,
+                lane=_lane(s.get("resource") or {}, attributes),
+                attributes=attributes,
+            )
+        )
+    return spans
+
+
+def _lane(resource: dict[str, Any], attributes: dict[str, Any]) -> tuple[str, str]:
+    role, rank = resource.get(ROLE), resource.get(RANK)
+    if role is None and rank is None:
+        process = "driver"
+    else:
+        process = " ".join(str(p) for p in (role or "process", None if rank is None else f"rank {rank}") if p)
+    lane = attributes.get(LANE)
+    return process, "" if lane is None else str(lane)
+
+
+def select_steps(spans: Sequence[Span], first: int, last: int) -> list[Span]:
+    chosen = [s for s in spans if s.step is not None and first <= s.step <= last]
+    by_id = {s.span_id: s for s in chosen}
+    for span in sorted(chosen, key=lambda s: s.start_ns):  # depth within its lane: its lane's ancestors
+        parent = by_id.get(span.parent_id or "")
+        while parent is not None and parent.lane != span.lane:
+            parent = by_id.get(parent.parent_id or "")
+        span.depth = 0 if parent is None else parent.depth + 1
+    return chosen
+
+
+@dataclass(frozen=True)
+class Straggler:
+    phase: str
+    step: int | None
+    lane: tuple[str, str]
+    lag_s: float  # how much later than the median lane it ended
+    span_id: str  # its span that ended last
+
+
+def stragglers(spans: Sequence[Span]) -> list[Straggler]:
+    """For each span whose children ran on several lanes: the lane whose children ended last, and
+    its lag behind the median lane's end."""
+    by_id = {s.span_id: s for s in spans}
+    last: dict[str, dict[tuple[str, str], Span]] = {}  # parent span id -> lane -> its child that ended last
+    for span in spans:
+        parent = by_id.get(span.parent_id or "")
+        if parent is not None and parent.lane != span.lane:
+            lanes = last.setdefault(parent.span_id, {})
+            if span.lane not in lanes or span.end_ns > lanes[span.lane].end_ns:
+                lanes[span.lane] = span
+    found = []
+    for parent_id, lanes in last.items():
+        if len(lanes) < 2:
+            continue
+        latest = max(lanes.values(), key=lambda s: s.end_ns)
+        lag = (latest.end_ns - statistics.median(s.end_ns for s in lanes.values())) / 1e9
+        parent = by_id[parent_id]
+        found.append(Straggler(parent.name, parent.step, latest.lane, lag, latest.span_id))
+    return sorted(found, key=lambda s: (s.step or 0, s.phase))
+
+
+def lanes_in_order(spans: Sequence[Span]) -> list[tuple[str, str]]:
+    """The driver's first, then by role, rank (as numbers) and lane."""
+
+    def key(lane: tuple[str, str]) -> tuple[int, str, int, str]:
+        process, name = lane
+        rank = process.rsplit("rank ", 1)[-1]
+        return (process != "driver", process.split(" rank ")[0], int(rank) if rank.isdigit() else -1, name)
+
+    return sorted({s.lane for s in spans}, key=key)
+
+
+def lane_label(lane: tuple[str, str]) -> str:
+    process, name = lane
+    return f"{process} / lane {name}" if name else process
+
+
+# --- Chrome trace events ------------------------------------------------------------------------
+
+
+def chrome_trace(spans: Sequence[Span]) -> dict[str, Any]:
+    """The trace-event format's JSON object form: complete events (``ph: X``, microseconds), one
+    pid per process, one tid per lane, both named by metadata events."""
+    origin = min(s.start_ns for s in spans)
+    lanes = lanes_in_order(spans)
+    processes = list(dict.fromkeys(process for process, _ in lanes))
+    pid = {process: i + 1 for i, process in enumerate(processes)}
+    tid = {lane: i + 1 for i, lane in enumerate(lanes)}
+    events: list[dict[str, Any]] = []
+    for process in processes:
+        events.append({"ph": "M", "name": "process_name", "pid": pid[process], "tid": 0, "args": {"name": process}})
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": pid[process],
+                "tid": 0,
+                "args": {"sort_index": pid[process]},
+            }
+        )
+    for lane in lanes:
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid[lane[0]],
+                "tid": tid[lane],
+                "args": {"name": lane_label(lane)},
+            }
+        )
+    for span in sorted(spans, key=lambda s: (s.start_ns, -s.end_ns)):  # parents before children
+        events.append(
+            {
+                "ph": "X",
+                "name": span.name,
+                "cat": "step" if span.name == STEP_SPAN_NAME else "phase",
+                "ts": (span.start_ns - origin) / 1e3,
+                "dur": (span.end_ns - span.start_ns) / 1e3,
+                "pid": pid[span.lane[0]],
+                "tid": tid[span.lane],
+                "args": {"step": span.step, "span_id": span.span_id, "trace_id": span.trace_id},
+            }
+        )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+# --- the picture --------------------------------------------------------------------------------
+
+_ROW_H, _LABEL_W, _PLOT_W, _BAR_H = 22, 220, 1000, 16
+_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#bab0ac"]
+
+
+def svg(spans: Sequence[Span], found: Sequence[Straggler]) -> str:
+    origin, end = min(s.start_ns for s in spans), max(s.end_ns for s in spans)
+    scale = _PLOT_W / max(end - origin, 1)
+    lanes = lanes_in_order(spans)
+    depth = {lane: max(s.depth for s in spans if s.lane == lane) + 1 for lane in lanes}
+    late = {f.span_id for f in found}
+    names = sorted({s.name for s in spans})
+    color = {name: _COLORS[i % len(_COLORS)] for i, name in enumerate(names)}
+    parts, y = [], 24
+    total_s = (end - origin) / 1e9
+    unit, factor = ("ms", 1000.0) if total_s < 1 else ("s", 1.0)
+    for i in range(11):  # the time axis
+        x = _LABEL_W + i * _PLOT_W / 10
+        label = f"{total_s * factor * i / 10:.3g} {unit}"
+        parts.append(f'<line x1="{x:.1f}" y1="18" x2="{x:.1f}" y2="100%" stroke="#eee"/>')
+        parts.append(f'<text x="{x:.1f}" y="12" font-size="10" text-anchor="middle">{label}</text>')
+    for lane in lanes:
+        height = depth[lane] * _ROW_H
+        parts.append(
+            f'<rect x="0" y="{y}" width="{_LABEL_W + _PLOT_W}" height="{height}" fill="#fafafa" stroke="#ddd"/>'
+        )
+        parts.append(f'<text class="lane" x="4" y="{y + 15}" font-size="12">{html.escape(lane_label(lane))}</text>')
+        for span in (s for s in spans if s.lane == lane):
+            x = _LABEL_W + (span.start_ns - origin) * scale
+            width = max((span.end_ns - span.start_ns) * scale, 1.0)
+            top = y + span.depth * _ROW_H + 3
+            stroke = ' stroke="#d62728" stroke-width="2"' if span.span_id in late else ""
+            kind = "span straggler" if span.span_id in late else "span"
+            duration = (span.end_ns - span.start_ns) / 1e9
+            title = f"{span.name} (step {span.step}): {duration:.3f} s on {lane_label(lane)}"
+            parts.append(
+                f'<rect class="{kind}" data-name="{html.escape(span.name)}" x="{x:.1f}" y="{top}" width="{width:.1f}" '
+                f'height="{_BAR_H}" fill="{color[span.name]}"{stroke}><title>{html.escape(title)}</title></rect>'
+            )
+            if width > 40:
+                parts.append(
+                    f'<text x="{x + 3:.1f}" y="{top + 12}" font-size="10" fill="#fff">{html.escape(span.name)}</text>'
+                )
+        y += height
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _PLOT_W + 10}" height="{y + 10}" '
+        f'font-family="sans-serif">{"".join(parts)}</svg>'
+    )
+
+
+def page(spans: Sequence[Span], found: Sequence[Straggler], title: str) -> str:
+    rows = "".join(
+        f"<li>step {f.step}, <b>{html.escape(f.phase)}</b>: straggler {html.escape(lane_label(f.lane))}, "
+        f"{f.lag_s:.3f} s after the median lane</li>"
+        for f in found
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
+        f"<body style='font-family:sans-serif'><h2>{html.escape(title)}</h2>"
+        f"<p>One row per lane; nested spans stacked inside it; empty space is idle time; a red outline is a "
+        f"phase's straggler.</p>{svg(spans, found)}<h3>Stragglers</h3><ul id='stragglers'>"
+        f"{rows or '<li>none</li>'}</ul></body></html>"
+    )
+
+
+def main(paths: list[str], steps: str | None, out: str | None, stdout: Any = None) -> int:
+    import sys
+
+    say = stdout or sys.stdout
+    files = events_files([Path(p) for p in paths] or [Path.cwd()])
+    spans = read_spans(files)
+    known = sorted({s.step for s in spans if s.step is not None})
+    if not known:
+        say.write("otel-tracking timeline: no spans with a step in the events files found\n")
+        return 2
+    first, last = _step_range(steps, known)
+    chosen = select_steps(spans, first, last)
+    if not chosen:
+        say.write(f"otel-tracking timeline: no spans at steps {first}-{last} (steps found: {known[0]}-{known[-1]})\n")
+        return 2
+    found = stragglers(chosen)
+    base = Path(out) if out else Path(f"timeline-step{first}" + (f"-{last}" if last != first else ""))
+    html_path, json_path = base.with_suffix(".html"), base.with_suffix(".json")
+    title = f"steps {first}-{last}" if last != first else f"step {first}"
+    html_path.write_text(page(chosen, found, f"otel-tracking timeline: {title}"))
+    json_path.write_text(json.dumps(chrome_trace(chosen)))
+    say.write(f"otel-tracking timeline: {len(chosen)} spans on {len(lanes_in_order(chosen))} lanes, {title}\n")
+    for f in found:
+        say.write(f"  straggler: step {f.step} {f.phase}: {lane_label(f.lane)}, +{f.lag_s:.3f} s after the median\n")
+    say.write(f"  {html_path} (open in a browser)\n  {json_path} (Perfetto, chrome://tracing)\n")
+    return 0
+
+
+def _step_range(steps: str | None, known: list[int]) -> tuple[int, int]:
+    if not steps:
+        return known[-1], known[-1]
+    first, _, last = steps.partition("-")
+    return int(first), int(last or first)

@@ -1,0 +1,114 @@
+"""``otel-tracking timeline`` (issue 33): a picture of a step from the spans a run left, as a page
+headless chromium shows with every lane, and as Chrome trace events that follow the format; and
+the demo's straggler lane, named in its summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import viewers
+
+LANES = ["driver", "driver / lane 0", "driver / lane 1", "driver / lane 2", "driver / lane 3"]
+STEP_SPANS = ["ml.step", "step", "rollout", "generate", "generate", "generate", "generate", "reward", "update"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A demo run with four rollout lanes (the last one three times slower), file sink only."""
+    root = tmp_path_factory.mktemp("demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_", "TENSORBOARD_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "demo", "--backends", "file", "--lanes", "4", "--steps", "6"],
+        env={**env, "OTEL_TRACKING_SPOOL_DIR": str(root / "spool")},
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return root, done.stdout
+
+
+def _timeline(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "timeline", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_demo_names_its_straggler_lane(demo: tuple[Path, str]) -> None:
+    _, stdout = demo
+    assert "The step's anatomy: straggler: in 'rollout', driver / lane 3 ended last in 6 of 6 steps" in stdout, stdout
+    assert "otel-tracking timeline " in stdout and "--steps 3" in stdout
+
+
+def test_the_chrome_trace_follows_the_trace_event_format(demo: tuple[Path, str]) -> None:
+    root, _ = demo
+    done = _timeline(root, "otel-tracking-demo", "--steps", "3", "--out", "t3")
+    assert done.returncode == 0, done.stderr
+    assert "straggler: step 3 rollout: driver / lane 3, +0.0" in done.stdout
+    trace = json.loads((root / "t3.json").read_text())
+    events: list[dict[str, Any]] = trace["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert sorted(e["name"] for e in complete) == sorted(STEP_SPANS)
+    for event in complete:  # the fields of a complete event, in microseconds
+        assert set(event) >= {"name", "ph", "ts", "dur", "pid", "tid"} and event["dur"] >= 0 and event["ts"] >= 0
+    threads = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sorted(threads.values()) == LANES, "one named track per lane"
+    assert {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"} == {"driver"}
+    by_lane: dict[str, list[dict[str, Any]]] = {}
+    for event in complete:
+        by_lane.setdefault(threads[event["tid"]], []).append(event)
+    assert [e["name"] for e in by_lane["driver / lane 3"]] == ["generate"]
+    # nested as in the trace: on one track, two events are nested or disjoint, never overlapping
+    for lane_events in by_lane.values():
+        for a in lane_events:
+            for b in lane_events:
+                a_end, b_end = a["ts"] + a["dur"], b["ts"] + b["dur"]
+                assert (
+                    a_end <= b["ts"]
+                    or b_end <= a["ts"]
+                    or (a["ts"] <= b["ts"] and b_end <= a_end)
+                    or (b["ts"] <= a["ts"] and a_end <= b_end)
+                ), (a, b)
+    (rollout,) = [e for e in complete if e["name"] == "rollout"]
+    for generate in (e for e in complete if e["name"] == "generate"):
+        assert rollout["ts"] <= generate["ts"] and generate["ts"] + generate["dur"] <= rollout["ts"] + rollout["dur"]
+
+
+def test_the_picture_shows_every_lane_in_a_browser(demo: tuple[Path, str]) -> None:
+    root, _ = demo
+    done = _timeline(root, "otel-tracking-demo", "--steps", "3", "--out", "picture")
+    assert done.returncode == 0, done.stderr
+    with viewers.browser() as browser:
+        page = browser.page((root / "picture.html").as_uri())
+        page.wait_for_text(["otel-tracking timeline: step 3", "driver / lane 3"])
+        lanes = page.evaluate("[...document.querySelectorAll('text.lane')].map((t) => t.textContent)")
+        spans = page.evaluate("[...document.querySelectorAll('rect.span')].map((r) => r.dataset.name)")
+        drawn = page.evaluate(
+            "[...document.querySelectorAll('rect.span')].every((r) => r.getBBox().width >= 1 && r.getBBox().height > 0)"
+        )
+        stragglers = page.evaluate("document.getElementById('stragglers').innerText")
+        outlined = page.evaluate("[...document.querySelectorAll('rect.straggler')].map((r) => r.dataset.name)")
+    assert lanes == LANES
+    assert sorted(spans) == sorted(STEP_SPANS) and drawn
+    assert "straggler driver / lane 3" in stragglers
+    assert outlined == ["generate"], "the straggler lane's span is outlined"
+
+
+def test_steps_that_are_not_there_are_said(demo: tuple[Path, str]) -> None:
+    root, _ = demo
+    done = _timeline(root, "otel-tracking-demo", "--steps", "40-41")
+    assert done.returncode == 2 and "no spans at steps 40-41 (steps found: 1-6)" in done.stdout
+    bad = _timeline(root, "--steps", "3-1")
+    assert bad.returncode == 2 and "is not a step or a range of steps" in bad.stderr
