@@ -294,6 +294,7 @@ def test_a_stalled_phase_fires_the_prometheus_alert_while_it_is_stuck(stack: Sta
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
     env.update(_client_env(stack, tmp_path))
     env.update(OTEL_TRACKING_STALL_AFTER="2", RANK="3", OTEL_TRACKING_ROLE="actor", OTEL_TRACKING_RUN_ID="stall-run")
+    env["OTEL_SERVICE_NAME"] = f"{SERVICE}-stall"  # not the module's run: its span metrics are counted exactly
     env["OTEL_TRACKING_SPOOL_DIR"] = str(tmp_path / "spool")
     child = subprocess.Popen([sys.executable, "-c", STALLED, str(flag)], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
 
