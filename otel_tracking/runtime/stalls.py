@@ -39,9 +39,7 @@ from typing import Any
 
 from otel_tracking.signals import semconv
 
-STALL_EVENT = semconv.STALL_EVENT
 LEARNED_FACTOR = 40.0
-DEFAULT_FLOOR_S = 300.0
 MAX_STACKS_CHARS = 32_000
 FRAMES_PER_THREAD = 30
 _POLL_S = 1.0  # how often the watcher looks, at most; more often for bounds under 4 s
