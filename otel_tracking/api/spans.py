@@ -43,6 +43,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
 from otel_tracking.delivery.scrubbing import scrubbed_attributes
+from otel_tracking.runtime.anatomy import Call, Phase, StepAnatomy
 from otel_tracking.runtime.step_roots import StepRoot
 from otel_tracking.signals.carrier import extract, has_span, with_identity
 from otel_tracking.signals.redact import scrub_text
@@ -91,7 +92,7 @@ class trace_state:
             self.attributes[STEP_ATTRIBUTE] = to_step(step)
         if weight_version is not None:
             self.attributes[WEIGHT_VERSION_ATTRIBUTE] = _attribute_value(weight_version)
-        self._open: list[tuple[Span, object, Any, StepRoot | None]] = []
+        self._open: list[tuple[Span, object, Any, StepRoot | None, str | None]] = []
 
     def _start(self) -> Span:
         from otel_tracking.distributed.worker import worker_run
@@ -101,12 +102,13 @@ class trace_state:
         run = current_run()
         if run is None and refuse_span_after_finish(self.state_name):  # no run, and no stray worker run
             span: Span = trace.INVALID_SPAN
-            self._open.append((span, otel_context.attach(trace.set_span_in_context(span, ctx)), None, None))
+            self._open.append((span, otel_context.attach(trace.set_span_in_context(span, ctx)), None, None, None))
             return span
         if run is None:
             run = worker_run(ctx)  # this process's worker run (built on first use)
         attributes = self.attributes
         root = None
+        handed_out_by = None  # a lane's phase: the step's anatomy compares the lanes of a phase
         if run is None:  # the application's own global TracerProvider (or the SDK is disabled)
             # Not a run's provider, so nothing scrubs on the way out (delivery/scrubbing.py): here.
             span = trace.get_tracer("otel_tracking").start_span(
@@ -116,6 +118,8 @@ class trace_state:
             if not has_span(ctx):
                 # the driver's step root, or the trace a worker was handed
                 ctx = run.parent_context(ctx, attributes.get(STEP_ATTRIBUTE))
+            elif LANE_ATTRIBUTE in attributes and run.anatomy is not None:
+                handed_out_by = getattr(trace.get_current_span(ctx), "name", None)
             if STEP_ATTRIBUTE not in attributes:
                 step = run.step_in_progress(ctx)
                 if step is not None:
@@ -129,11 +133,11 @@ class trace_state:
         token = otel_context.attach(trace.set_span_in_context(span, ctx))
         # One trace_state object may be entered again while open (recursion, decorator reuse):
         # keep a stack of what it opened.
-        self._open.append((span, token, run, root))
+        self._open.append((span, token, run, root, handed_out_by))
         return span
 
     def _end(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        span, token, run, root = self._open.pop()
+        span, token, run, root, handed_out_by = self._open.pop()
         try:
             if run is not None:
                 run.open_spans.pop(span, None)
@@ -147,10 +151,20 @@ class trace_state:
                 span.end()
                 if run is not None:  # what the stall bound of this phase learns from
                     run.stalls.ended(self.state_name, (span.end_time - span.start_time) / 1e9)  # type: ignore[attr-defined]
+                    if run.anatomy is not None:
+                        self._tell_anatomy(run.anatomy, span, isinstance(exc, Exception), handed_out_by)
         finally:
             otel_context.detach(token)  # type: ignore[arg-type]
             if root is not None:  # the step's root ends after its last span (runtime/step_roots.py)
                 run.step_roots.child_ended(root, time.time_ns())
+
+    def _tell_anatomy(self, anatomy: StepAnatomy, span: Any, failed: bool, handed_out_by: str | None) -> None:
+        trace_id, start_ns, end_ns = span.get_span_context().trace_id, span.start_time, span.end_time
+        anatomy.phase_ended(trace_id, Phase(self.state_name, start_ns, end_ns, failed))
+        if handed_out_by is not None:
+            lane = self.attributes[LANE_ATTRIBUTE]
+            lane = int(lane) if isinstance(lane, str) and lane.isdigit() else lane
+            anatomy.call_ended(trace_id, Call(handed_out_by, lane, start_ns, end_ns))
 
     def __enter__(self) -> Span:
         return self._start()

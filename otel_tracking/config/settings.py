@@ -139,6 +139,10 @@ class Settings:
     stall_after_s: float | None = None
     stall_floor_s: float = 300.0
     traces_url: str | None = None  # OTEL_TRACKING_TRACES_URL: a trace UI the summary links to (traces_link.py)
+    # OTEL_TRACKING_ANATOMY: each step's anatomy/* numbers (runtime/anatomy.py; None: when verl's
+    # phases are instrumented), with the phase buckets OTEL_TRACKING_ANATOMY_BUCKETS adds
+    anatomy: bool | None = None
+    anatomy_buckets: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -286,6 +290,8 @@ def build_settings(
         stall_after_s=_stall_after(e),
         stall_floor_s=_number(e, "OTEL_TRACKING_STALL_FLOOR", 300.0, minimum=0.0),
         traces_url=_traces_url(e),
+        anatomy=_bool(e, "OTEL_TRACKING_ANATOMY") if _set(e, "OTEL_TRACKING_ANATOMY") else None,
+        anatomy_buckets=_anatomy_buckets(e),
         env=e,
     )
 
@@ -297,6 +303,22 @@ def _set(env: Mapping[str, str], name: str) -> bool:
 def _stall_after(env: Mapping[str, str]) -> float | None:
     """None (unset): stall bounds are learned; 0: no stall reports."""
     return _number(env, "OTEL_TRACKING_STALL_AFTER", 0, minimum=0) if _set(env, "OTEL_TRACKING_STALL_AFTER") else None
+
+
+def _anatomy_buckets(env: Mapping[str, str]) -> dict[str, str]:
+    """``OTEL_TRACKING_ANATOMY_BUCKETS``: ``phase=bucket,...``, a bucket of ``semconv.BUCKETS``."""
+    name = "OTEL_TRACKING_ANATOMY_BUCKETS"
+    found: dict[str, str] = {}
+    for item in env.get(name, "").split(","):
+        phase, sep, bucket = (part.strip() for part in item.partition("="))
+        if not item.strip():
+            continue
+        if not sep or not phase or bucket.lower() not in semconv.BUCKETS:
+            raise ConfigError(
+                f"{name}: {item.strip()!r} is not phase=bucket with a bucket of {', '.join(semconv.BUCKETS)}"
+            )
+        found[phase] = bucket.lower()
+    return found
 
 
 def _resume_step(env: Mapping[str, str]) -> int | None:

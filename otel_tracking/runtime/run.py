@@ -47,6 +47,9 @@ from otel_tracking.delivery.pipeline import (
 from otel_tracking.delivery.scrubbing import ScrubbingLogProcessor, ScrubbingSpanProcessor
 from otel_tracking.delivery.spool import sink_spool
 from otel_tracking.runtime import lifecycle, stalls
+from otel_tracking.runtime.anatomy import Anatomy, StepAnatomy
+from otel_tracking.runtime.anatomy import gauges as anatomy_gauges
+from otel_tracking.runtime.anatomy import measured as anatomy_measured
 from otel_tracking.runtime.stalls import Stall, StallWatch, stall_line
 from otel_tracking.runtime.step_roots import StepRoots
 from otel_tracking.signals import semconv
@@ -212,7 +215,13 @@ class Run:
             enabled_despite_sdk_disabled(provider)
         self.tracer: Tracer = self.tracer_provider.get_tracer(semconv.SCOPE_NAME, semconv.SCOPE_VERSION)
         self.started_ns = time.time_ns()  # when the run began: its first step root starts here
-        self.step_roots = StepRoots(self.tracer, started_ns=self.started_ns)
+        # Where each step went (anatomy.py): told of the driver's phases and calls, measured as each
+        # step's root ends
+        measures = driver and anatomy_measured(settings.anatomy)
+        self.anatomy = StepAnatomy(settings.anatomy_buckets) if measures else None
+        self._latest_anatomy: Anatomy | None = None
+        on_ended = self._step_ended if self.anatomy is not None else None
+        self.step_roots = StepRoots(self.tracer, started_ns=self.started_ns, on_ended=on_ended)
         self.event_logger = self.logger_provider.get_logger(semconv.SCOPE_NAME, semconv.SCOPE_VERSION)
 
         if driver:
@@ -235,8 +244,13 @@ class Run:
         return self._latest.snapshot(self.resource, self._phase_gauges())
 
     def _phase_gauges(self) -> list[Any]:
-        """For alerting rules: each open phase's age and stall bound (``ml_phase_open_seconds >
-        ml_phase_stall_bound_seconds`` in Prometheus; ``stalls.py``)."""
+        """The last step's anatomy, and for alerting rules: each open phase's age and stall bound
+        (``ml_phase_open_seconds > ml_phase_stall_bound_seconds`` in Prometheus; ``stalls.py``)."""
+        anatomy = self._latest_anatomy
+        found = [] if anatomy is None else anatomy_gauges(anatomy, time.time_ns())
+        return found + self._stall_gauges()
+
+    def _stall_gauges(self) -> list[Any]:
         if self.settings.stall_after_s == 0:
             return []
         now_ns = time.time_ns()
@@ -346,6 +360,23 @@ class Run:
         # Scrubbed on the way out (delivery/scrubbing.py): generations are model text, yet an
         # agent's prompt can carry a tool's key.
         self.event_logger.emit(event_name=event_name, body=body, attributes=attributes or {}, timestamp=time.time_ns())
+
+    # --- step anatomy ----------------------------------------------------------------------------
+
+    def _step_ended(self, trace_id: int, step: int | None, start_ns: int, end_ns: int, first: bool) -> None:
+        """A step's root ended (step_roots.py): its anatomy goes to the sinks at its step."""
+        # (finish() ends the last roots before it finishes the sinks: they still take these)
+        if self.anatomy is None or self.pid != os.getpid():
+            return
+        try:
+            anatomy = self.anatomy.step_ended(trace_id, step, start_ns, end_ns, first)
+        except Exception:  # the numbers are an extra: never the training loop's problem
+            logger.exception("otel-tracking: measuring step %s's anatomy failed", step)
+            return
+        if anatomy is None:
+            return
+        self._latest_anatomy = anatomy
+        export_to(self.sinks, "metrics", StepBatch(self.resource, anatomy.step, anatomy.metrics(), {}, end_ns))
 
     # --- stalls ----------------------------------------------------------------------------------
 

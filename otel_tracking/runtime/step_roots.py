@@ -19,6 +19,7 @@ when the next step's first phase starts, at ``flush()`` or at ``finish()``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,15 +38,24 @@ class StepRoot:
     open_children: int = 0
     last_end_ns: int = 0
     retiring: bool = False  # the next step has begun: end as soon as no child is open
+    start_ns: int = 0
+    first: bool = False  # no log() before it: it started with the run
+
+
+# Told of each root as it ends: (trace id, step, start ns, end ns, first)
+RootEnded = Callable[[int, "int | None", int, int, bool], None]
 
 
 class StepRoots:
-    def __init__(self, tracer: Tracer, started_ns: int) -> None:
+    def __init__(self, tracer: Tracer, started_ns: int, on_ended: RootEnded | None = None) -> None:
         self._tracer = tracer
         self._lock = threading.Lock()
         self._current: StepRoot | None = None
         self._by_trace: dict[int, StepRoot] = {}  # every root not ended yet, by its trace id
         self._next_start_ns = started_ns
+        self._logged_once = False
+        self._on_ended = on_ended
+        self._ended: list[tuple[int, int | None, int, int, bool]] = []  # told outside the lock
 
     def context_for(self, ctx: Context, step_in_progress: int | None, said_step: int | None) -> Context:
         """``ctx`` with the step root a span starting now, outside any span, hangs under;
@@ -63,8 +73,9 @@ class StepRoots:
                     attributes=attributes,
                     start_time=self._next_start_ns,
                 )
-                root = self._current = StepRoot(span)
+                root = self._current = StepRoot(span, start_ns=self._next_start_ns, first=not self._logged_once)
                 self._by_trace[span.get_span_context().trace_id] = root
+        self._tell_ended()
         return trace.set_span_in_context(root.span, ctx)
 
     def child_started(self, span: Span) -> StepRoot | None:
@@ -82,20 +93,21 @@ class StepRoots:
             root.last_end_ns = max(root.last_end_ns, end_ns)
             if root.retiring and root.open_children <= 0:
                 self._end(root)
+        self._tell_ended()
 
     def step_logged(self, step: int, now_ns: int) -> None:
         """``log(step=step)`` at ``now_ns`` closes the step in progress (or, at the same step
         again, moves its end)."""
         with self._lock:
             self._next_start_ns = now_ns
+            self._logged_once = True
             root = self._current
-            if root is None:
-                return
-            if root.closed_ns is not None and root.step != step:  # a step with no span of its own
-                self._retire(root)
-                return
-            root.step, root.closed_ns = step, now_ns
-            root.span.set_attribute(STEP, step)
+            if root is not None and root.closed_ns is not None and root.step != step:
+                self._retire(root)  # a step with no span of its own
+            elif root is not None:
+                root.step, root.closed_ns = step, now_ns
+                root.span.set_attribute(STEP, step)
+        self._tell_ended()
 
     def retire_closed(self) -> None:
         """``flush()``: a closed step's root ends now (or once its last span ends) instead of at
@@ -104,6 +116,7 @@ class StepRoots:
         with self._lock:
             if self._current is not None and self._current.closed_ns is not None:
                 self._retire(self._current)
+        self._tell_ended()
 
     def end_all(self, now_ns: int, **attributes: Any) -> None:
         """``finish()``: every root ends now (the spans still open were ended just before)."""
@@ -114,6 +127,7 @@ class StepRoots:
                     root.closed_ns = now_ns
                 self._end(root)
             self._current = None
+        self._tell_ended()
 
     def _retire(self, root: StepRoot) -> None:
         root.retiring = True
@@ -126,4 +140,17 @@ class StepRoots:
         if self._by_trace.pop(root.span.get_span_context().trace_id, None) is None:
             return  # ended already
         assert root.closed_ns is not None
-        root.span.end(end_time=max(root.closed_ns, root.last_end_ns))
+        end_ns = max(root.closed_ns, root.last_end_ns)
+        root.span.end(end_time=end_ns)
+        if self._on_ended is not None:
+            trace_id = root.span.get_span_context().trace_id
+            self._ended.append((trace_id, root.step, root.start_ns, end_ns, root.first))
+
+    def _tell_ended(self) -> None:
+        """Tell ``on_ended`` of the roots that ended, outside the lock (it may log at their step)."""
+        if not self._ended or self._on_ended is None:
+            return
+        with self._lock:
+            ended, self._ended = self._ended, []
+        for args in ended:
+            self._on_ended(*args)

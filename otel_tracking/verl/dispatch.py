@@ -10,6 +10,8 @@ Two patches, one on each side of the single controller:
 * ``RayWorkerGroup._execute_remote_single_worker`` (driver side), where every worker-group call
   ends (sync, non-blocking, list-split, fused): it adds the carrier, only for methods that take it.
   A method without ``@register`` (``execute_all_sync("name")``) gets no keyword it does not know.
+  It also tells ``waiting.py`` (whom a stuck phase waits for) and ``returns.py`` (when each rank's
+  result was ready, for the step's anatomy) of the call.
 
 Inside the worker, DistProfiler's ``trace_state`` spans then hang under the driver's phase that
 dispatched the call, and the worker's run takes the run identity from the carrier's baggage.
@@ -149,7 +151,11 @@ def _detach(token: Any) -> None:
 def role_of(worker: Any) -> str:
     """actor, rollout, ref, critic or reward, from the worker's ``role`` or its class name."""
     named = getattr(worker, "role", None)
-    raw = named if isinstance(named, str) and named else type(worker).__name__
+    return role_from_name(named if isinstance(named, str) and named else type(worker).__name__)
+
+
+def role_from_name(raw: str) -> str:
+    """The first of critic, reward, actor, ref, rollout that ``raw`` (a role or class name) holds."""
     lower = raw.lower()
     for role in _ROLES:
         if role in lower:
@@ -182,10 +188,11 @@ def _patch_worker_group(base: ModuleType) -> None:
                 kwargs[CARRIER] = carrier
         ref = verl_execute(self, worker, method_name, *args, **kwargs)
         quietly("worker-group call", waiting.remember, self, worker, ref)  # whom a stall waits for
+        quietly("worker-group call", returns.sent, self, worker, method_name, ref)  # the step's anatomy
         return ref
 
     from otel_tracking.runtime import stalls
-    from otel_tracking.verl import waiting
+    from otel_tracking.verl import returns, waiting
 
     stalls.add_waiting_source(waiting.waiting_for)
     setattr(_execute_remote_single_worker, _PATCHED, True)

@@ -42,6 +42,9 @@ def patch(performance: ModuleType) -> None:
         return _spanned(verl_timer, name, timing_raw)
 
     _timer.__doc__ = verl_timer.__doc__
+    from otel_tracking.runtime import anatomy
+
+    anatomy.measure_by_default()  # the phases are verl's: each step's anatomy says where it went
     setattr(_timer, _PATCHED, True)
     performance.verl_timer = verl_timer  # type: ignore[attr-defined]
     performance._timer = _timer  # type: ignore[attr-defined]

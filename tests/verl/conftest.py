@@ -9,7 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 
-NEEDS_VERL = ["test_loop.py", "test_never_break.py", "test_verl_own_tests.py", "test_agent_loop.py", "test_stall.py"]
+NEEDS_VERL = [
+    "test_loop.py",
+    "test_never_break.py",
+    "test_verl_own_tests.py",
+    "test_agent_loop.py",
+    "test_stall.py",
+    "test_anatomy.py",
+]
 
 # With ``tests`` on pytest's pythonpath, this folder itself is a namespace package named ``verl``:
 # only a real verl (a package with an ``__init__.py``) counts.

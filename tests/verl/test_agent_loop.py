@@ -30,8 +30,6 @@ STALE_STEP = 2  # served by weights of version 0 (run_agent_loop.py): one update
 WEIGHTS = {1: 0, 2: 0, 3: 2}
 
 
-
-
 @pytest.fixture(scope="module")
 def verl_with_stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """verl 0.9.1 with the stand-in server in place of ``vllm_async_server.py`` (and an empty

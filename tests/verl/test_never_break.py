@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 SCRIPT = textwrap.dedent(
-    r'''
+    r"""
     import json, logging, sys
     from hypothesis import given, settings, strategies as st, HealthCheck
 
@@ -129,7 +129,7 @@ SCRIPT = textwrap.dedent(
     else:
         raise AssertionError("verl's error vanished")
     print("ok")
-    '''
+    """
 )
 
 

@@ -39,6 +39,8 @@ def older_verl(version: str) -> Path:
         (root / "verl" / "utils" / "__init__.py").write_text("")
         tracking.write_bytes(source)
     return root
+
+
 SCRIPT = """
 import json, sys
 if sys.argv[1] == "on":

@@ -58,6 +58,10 @@ class ActorWorker(_Profiled):
         self._updates = getattr(self, "_updates", 0) + 1
         if os.environ.get("LOOP_STALL_RANK") == str(self.rank) and str(self._updates) == os.environ["LOOP_STALL_CALL"]:
             stuck_until_released(os.environ["LOOP_STALL_FLAG"], os.environ.get("LOOP_STALL_BUSY") == "1")
+        if "LOOP_UPDATE_S" in os.environ:  # test_anatomy.py: each rank's seconds, "0.2,0.2,0.2,0.6"
+            started = time.perf_counter()
+            time.sleep(float(os.environ["LOOP_UPDATE_S"].split(",")[self.rank]))
+            data.batch["took"] = torch.full_like(data.batch["input"], time.perf_counter() - started)
         data.batch["output"] = data.batch["input"] * 2 + self.rank
         return data
 
