@@ -7,6 +7,8 @@ their parent links, resources, log records, and the request headers.
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -102,6 +104,24 @@ class Received:
                             }
                         )
         return result
+
+    def write_traces_as_otlp_json(self, path: Path) -> None:
+        """What arrived, one OTLP/JSON request per line, as a collector's ``file`` exporter writes
+        it (ids in hex, as the OTLP/JSON encoding has them, not protobuf JSON's base64)."""
+        from google.protobuf.json_format import MessageToDict
+
+        with self.lock:
+            requests = list(self.traces)
+        with open(path, "w") as out:
+            for request in requests:
+                encoded = MessageToDict(request)
+                for rs in encoded.get("resourceSpans", []):
+                    for ss in rs.get("scopeSpans", []):
+                        for span in ss.get("spans", []):
+                            for key in ("traceId", "spanId", "parentSpanId"):
+                                if key in span:
+                                    span[key] = base64.b64decode(span[key]).hex()
+                out.write(json.dumps(encoded) + "\n")
 
     def log_records(self) -> list[dict[str, Any]]:
         with self.lock:

@@ -585,8 +585,9 @@ def test_each_step_is_one_value_per_timing_key_and_a_trace_named_after_its_step(
         tracking.log(metrics, step=step)
     tracking.finish()
     # the link the end-of-run summary prints opens the training view, not the GenAI one
-    assert f"in MLflow's UI: (mlflow ui) #/experiments/{experiment_id}?workflowType=machine_learning" in (
-        tracking.where()["mlflow"]
+    assert (
+        f"in MLflow's UI: (mlflow ui) #/experiments/{experiment_id}?workflowType=machine_learning"
+        in (tracking.where()["mlflow"])
     )
 
     run = store.run(experiment_id)

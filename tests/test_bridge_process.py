@@ -287,9 +287,7 @@ def test_a_full_link_spools_a_log_call_for_every_bridge_it_was_for(
     assert sorted(step for step, _ in scalars["m7"]) == list(range(60))
 
 
-def test_a_failure_after_the_bridges_started_leaves_no_process(
-    isolated: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_failure_after_the_bridges_started_leaves_no_process(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Anything that fails in Tracking() after the bridge process started (here the run's own
     construction, an injected fault) takes the bridge process down with it."""
     from otel_tracking.api import facade

@@ -296,9 +296,7 @@ NEVER_FINISHED = textwrap.dedent(
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
-def test_a_run_never_finished_against_a_dead_endpoint_says_why_once_and_sums_up(
-    protocol: str, isolated: Path
-) -> None:
+def test_a_run_never_finished_against_a_dead_endpoint_says_why_once_and_sums_up(protocol: str, isolated: Path) -> None:
     """The exit hook's finish prints the summary finish() prints (per-sink counts, the replay
     command); each OTLP sink's first failure says why, once, with the endpoint's credentials
     scrubbed; the SDK's own "Failed to export ..." lines (one per attempt) are not printed."""

@@ -184,8 +184,7 @@ def test_replay_with_the_endpoint_down_prints_lines_and_a_summary_when_not_a_ter
         "otel-tracking: sink 'otlp-traces' failed to export spans: OTLPExportError: cannot connect to "
         f"{endpoint}/v1/traces (Connection refused) (further failures are counted in the summary at the end)",
         f"{second}: 0/2 records delivered (0/2 items), 2 not delivered: kept for the next replay",
-        "otel-tracking replay: 2 file(s), 0/5 records delivered (0/5 items), 5 not delivered: kept for the next "
-        "replay",
+        "otel-tracking replay: 2 file(s), 0/5 records delivered (0/5 items), 5 not delivered: kept for the next replay",
     ]
     assert first.exists() and second.exists()
 

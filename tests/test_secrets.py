@@ -661,8 +661,20 @@ def test_a_trackers_own_error_quoting_its_credentials_is_scrubbed(
 # Adversarial text for the scanners: runs of the characters the patterns look for, as a collapsed
 # generation ("The answer is ====...") has them.
 ADVERSARIAL = [
-    "=", "a=", "password=", "eyJ", "://", "@", "Bearer ", "sk-", "-----BEGIN RSA PRIVATE KEY-----", "hf_",
-    '"a": "', '"token": ', "'", ":",
+    "=",
+    "a=",
+    "password=",
+    "eyJ",
+    "://",
+    "@",
+    "Bearer ",
+    "sk-",
+    "-----BEGIN RSA PRIVATE KEY-----",
+    "hf_",
+    '"a": "',
+    '"token": ',
+    "'",
+    ":",
 ]
 
 

@@ -142,9 +142,7 @@ def test_context_copied_into_a_worker_thread_nests(isolated: Path) -> None:
     assert by_name["generate"]["parent_span_id"] == by_name["rollout"]["span_id"]
 
 
-def test_without_a_tracking_spans_go_to_the_process_worker_run(
-    isolated: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_without_a_tracking_spans_go_to_the_process_worker_run(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No Tracking in this process (a worker): the spans are recorded by the process's worker run,
     here into the file sink named by OTEL_TRACES_EXPORTER, as context manager and decorator."""
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "file")

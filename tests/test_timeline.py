@@ -48,7 +48,8 @@ def _timeline(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_demo_names_its_straggler_lane(demo: tuple[Path, str]) -> None:
     _, stdout = demo
-    assert "The step's anatomy: straggler: in 'rollout', driver / lane 3 ended last in 6 of 6 steps" in stdout, stdout
+    assert "The step's anatomy: goodput " in stdout, stdout
+    assert "straggler: in 'rollout', driver / lane 3 ended last in 6 of 6 steps" in stdout, stdout
     assert "otel-tracking timeline " in stdout and "--steps 3" in stdout
 
 

@@ -166,4 +166,3 @@ def test_the_relay_refuses_what_it_cannot_translate_with_a_clear_error(
     status, _, body = _post(_url(relay), json.dumps(_request()).encode())
     assert status == 413 and "more than 1000" in body["error"]
     assert http_json(f"http://{HOST}:{relay.server_address[1]}/health")["status"] == "ok"
-

@@ -139,6 +139,7 @@ def test_tensorboard_shows_the_run_by_name_its_metric_groups_and_steps(demo: Dem
         "perf": "5",
         "prompt_length": "3",
         "response_length": "4",
+        "anatomy": "7",  # goodput, 3 other shares, the step's wall time, the rollout lanes' straggler and lag
         "timing_s": "10",  # 3 from the demo's own log(), 7 from its spans: one key per phase
         "training": "2",
     }
@@ -146,6 +147,7 @@ def test_tensorboard_shows_the_run_by_name_its_metric_groups_and_steps(demo: Dem
     assert {"timing_s/state/generate", "timing_s/state/generate/slowest", "val-core/openai/gsm8k/reward/mean@4"} <= set(
         tags
     )
+
     # The curve is SVG paths: its points through TensorBoard's data API, one per step.
     def scalars(tag: str) -> dict[int, float]:
         query = urllib.parse.urlencode({"run": EXPERIMENT, "tag": tag})

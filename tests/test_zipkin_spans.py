@@ -106,9 +106,7 @@ def _as_otlp(request: dict[str, Any]) -> dict[str, Any]:
 @given(requests())
 def test_every_span_keeps_its_tree_timings_attributes_events_links_and_resource(request: dict[str, Any]) -> None:
     zipkin = list(spans_from_otlp(_as_otlp(request)))
-    drawn = [
-        (rs, ss, span) for rs in request["resourceSpans"] for ss in rs["scopeSpans"] for span in ss["spans"]
-    ]
+    drawn = [(rs, ss, span) for rs in request["resourceSpans"] for ss in rs["scopeSpans"] for span in ss["spans"]]
     assert len(zipkin) == len(drawn)
     for out, (rs, ss, span) in zip(zipkin, drawn, strict=True):
         assert (out["traceId"], out["id"], out.get("parentId")) == (

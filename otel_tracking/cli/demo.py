@@ -96,6 +96,7 @@ class DemoPlaces:
             "WANDB_CONFIG_DIR": out / "wandb-config",
             "OTEL_TRACKING_SPOOL_DIR": out / "spool",
             "MLFLOW_TRACKING_URI": f"sqlite:///{out / 'mlflow.db'}",
+            "OTEL_TRACKING_ANATOMY": "1",  # each step's anatomy/* numbers, as a verl run gets them
         }
         for variable, value in defaults.items():
             os.environ.setdefault(variable, str(value))
@@ -218,6 +219,24 @@ def run_demo(
                     ]
                     generations.log(list(backends), samples, step)
     return tracking
+
+
+def goodput_summary(metrics_path: Path) -> str | None:
+    """The mean of each step's ``anatomy/*`` shares, read back from the file sink's metrics file."""
+    shares: dict[str, list[float]] = {}
+    with open(metrics_path) as lines:
+        for line in lines:
+            data = json.loads(line)["data"]
+            for key in ("goodput", "overhead_frac", "idle_frac"):
+                if f"anatomy/{key}" in data:
+                    shares.setdefault(key, []).append(data[f"anatomy/{key}"])
+    if not shares.get("goodput"):
+        return None
+    mean = {key: 100 * sum(values) / len(values) for key, values in shares.items()}
+    return (
+        f"goodput {mean['goodput']:.0f}% of the step's wall time (overhead {mean['overhead_frac']:.0f}%, "
+        f"idle {mean['idle_frac']:.0f}%), mean of {len(shares['goodput'])} steps"
+    )
 
 
 def straggler_summary(events_path: Path) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from otel_tracking.cli.demo import DemoPlaces, run_demo, straggler_summary
+    from otel_tracking.cli.demo import DemoPlaces, goodput_summary, run_demo, straggler_summary
 
     backends = [name.strip() for name in args.backends.split(",") if name.strip()]
     places = DemoPlaces(Path(args.out).resolve(), project="otel-tracking-demo", experiment="grpo-simulated")
@@ -27,9 +27,12 @@ def _demo(args: argparse.Namespace) -> int:
     for name, where in tracking.where().items():
         print(f"  {name:>12}: {where}")
     events = _events_file(places.project, places.experiment) if "file" in backends else None
-    straggler = straggler_summary(events) if events is not None else None
-    if straggler:
-        print(f"\nThe step's anatomy: {straggler}; draw a step:\n  otel-tracking timeline {events} --steps 3")
+    metrics = Path(os.environ.get("VERL_FILE_LOGGER_PATH", ""))  # where DemoPlaces put the file sink
+    found = [goodput_summary(metrics)] if events is not None and metrics.is_file() else []
+    found += [straggler_summary(events)] if events is not None else []
+    if any(found):
+        said = "; ".join(f for f in found if f)
+        print(f"\nThe step's anatomy: {said}; draw a step:\n  otel-tracking timeline {events} --steps 3")
     hints = places.next_steps(backends)
     if hints:
         print("\nTo look at it:")
@@ -172,12 +175,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     timeline = commands.add_parser(
         "timeline",
         help="a picture of a step: every lane's spans over time (HTML) and Chrome trace events (Perfetto)",
-        epilog="Reads the span lines of the file sink's events files. Writes <out>.html (one row per lane, the "
+        epilog="Reads the span lines of the file sink's events files and OTLP/JSON trace files. Writes <out>.html "
+        "(one row per lane, the "
         "training process's phases on top, idle time empty, each phase's straggler outlined and listed) and "
         "<out>.json (Chrome trace events). Exit code 2 when no span of those steps was found.",
     )
     timeline.add_argument(
-        "paths", nargs="*", help="events files (<experiment>.events.jsonl) or directories (default: the current one)"
+        "paths",
+        nargs="*",
+        help="events files (<experiment>.events.jsonl), OTLP/JSON trace files (a collector's file exporter) "
+        "or directories (default: the current one)",
     )
     timeline.add_argument("--steps", type=_steps, help="a step (3) or a range (3-5); default: the last step")
     timeline.add_argument("--out", help="where to write, without suffix (default: timeline-step<N>)")

@@ -1,8 +1,10 @@
 """``otel-tracking timeline``: a picture of a step, from the spans a run left in its events files.
 
 Reads the ``span`` lines of the file sink's events files (``<experiment>.events.jsonl``: the
-training process's, and any other process's that wrote one), keeps the spans of the chosen steps
-(a span's ``ml.step``, else the step of its trace's ``ml.step`` root), and writes two files:
+training process's, and any other process's that wrote one) and the spans of OTLP/JSON files (what
+a collector's ``file`` exporter writes: the worker processes that export only over OTLP), keeps the
+spans of the chosen steps (a span's ``ml.step``, else the step of its trace's ``ml.step`` root), and
+writes two files:
 
 * ``<out>.html``: one self-contained page (inline SVG, no script, nothing fetched) that a browser
   opens offline: one row per lane (the training process's phases on top, then each role and rank,
@@ -48,12 +50,14 @@ def read_spans(files: Iterable[Path]) -> list[Span]:
     for path in files:
         with open(path, "rb") as handle:
             for line in handle:
-                if b'"type":"span"' not in line:
+                otlp = b'"resourceSpans"' in line
+                if not otlp and b'"type":"span"' not in line:
                     continue
                 try:
-                    raw.append(json.loads(line))
+                    record = json.loads(line)
                 except ValueError:  # a line cut short by a kill
                     continue
+                raw.extend(otlp_json_spans(record) if otlp else [record])
     root_steps = {
         s["trace_id"]: s["attributes"].get(STEP)
         for s in raw
@@ -79,6 +83,44 @@ def read_spans(files: Iterable[Path]) -> list[Span]:
             )
         )
     return spans
+
+
+def otlp_json_spans(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The spans of one OTLP/JSON traces request (a line of the collector's ``file`` exporter), in
+    the shape of the events file's span lines."""
+    found = []
+    for resource_spans in request.get("resourceSpans") or ():
+        resource = _otlp_attributes((resource_spans.get("resource") or {}).get("attributes"))
+        for scope_spans in resource_spans.get("scopeSpans") or ():
+            for span in scope_spans.get("spans") or ():
+                found.append(
+                    {
+                        "name": span.get("name", ""),
+                        "trace_id": span.get("traceId", "").lower(),
+                        "span_id": span.get("spanId", "").lower(),
+                        "parent_span_id": span.get("parentSpanId", "").lower() or None,
+                        "start_time_unix_nano": span.get("startTimeUnixNano"),
+                        "end_time_unix_nano": span.get("endTimeUnixNano"),
+                        "attributes": _otlp_attributes(span.get("attributes")),
+                        "resource": resource,
+                    }
+                )
+    return found
+
+
+def _otlp_attributes(items: Any) -> dict[str, Any]:
+    return {item["key"]: _otlp_value(item.get("value") or {}) for item in items or () if "key" in item}
+
+
+def _otlp_value(value: dict[str, Any]) -> Any:
+    if "intValue" in value:
+        return int(value["intValue"])  # a string in OTLP/JSON (int64)
+    if "arrayValue" in value:
+        return [_otlp_value(v) for v in value["arrayValue"].get("values") or ()]
+    for kind in ("stringValue", "doubleValue", "boolValue"):
+        if kind in value:
+            return value[kind]
+    return None
 
 
 def _lane(resource: dict[str, Any], attributes: dict[str, Any]) -> tuple[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,8 @@ def test_each_steps_anatomy_names_the_straggler_and_agrees_with_the_loops_timing
             return spans if len(updates) >= 4 * (STEPS + 1) else None
 
         spans = wait_for(worker_spans, timeout_s=120, what="every rank's actor_update span")
+        # the workers export only over OTLP: what arrived, as a collector's file exporter writes it
+        receiver.received.write_traces_as_otlp_json(tmp_path / "workers.otlp.jsonl")
     own = json.loads((tmp_path / "r.json").read_text())["own"]
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     anatomy = {line["step"]: line["data"] for line in lines if any(k.startswith("anatomy/") for k in line["data"])}
@@ -85,3 +88,31 @@ def test_each_steps_anatomy_names_the_straggler_and_agrees_with_the_loops_timing
         parent = by_id[span["parent_span_id"]]
         assert parent["resource"]["process.pid"] != span["resource"]["process.pid"]
         assert parent["trace_id"] == span["trace_id"]  # one trace per step
+
+    # the picture of step 2: the driver's phases on top, a lane per rank, rank 3 the straggler
+    timeline = [sys.executable, "-m", "otel_tracking", "timeline", "metrics.events.jsonl", "workers.otlp.jsonl"]
+    drawn = subprocess.run(
+        [*timeline, "--steps", "2", "--out", "step2"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert drawn.returncode == 0, drawn.stderr
+    assert "straggler: step 2 update_actor: actor rank 3 / lane rank_3, +0.4" in drawn.stdout, drawn.stdout
+    rank_lanes = [f"actor rank {r} / lane rank_{r}" for r in range(4)]
+    trace = json.loads((tmp_path / "step2.json").read_text())
+    events = trace["traceEvents"]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert set(threads.values()) == {"driver", *rank_lanes}, threads
+    complete = [e for e in events if e["ph"] == "X"]
+    by_name = {e["name"]: e for e in complete if threads[(e["pid"], e["tid"])] == "driver"}
+    assert {"ml.step", "step", "gen", "update_actor"} <= set(by_name)
+    phase = by_name["update_actor"]
+    for event in (e for e in complete if e["name"] == "actor_update"):  # nested in time under their phase
+        assert phase["ts"] <= event["ts"] and event["ts"] + event["dur"] <= phase["ts"] + phase["dur"] + 1000
+    dom = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", (tmp_path / "step2.html").as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    lanes = re.findall(r'<text class="lane"[^>]*>([^<]*)</text>', dom)
+    assert lanes == ["driver", *rank_lanes], lanes
+    assert "straggler actor rank 3 / lane rank_3" in dom

@@ -1,0 +1,242 @@
+"""Where each step went (issue 33): the step's anatomy, measured from the driver's phases and the
+work they handed out, logged at that step to every tracker and sent as OTLP gauges.
+
+The arithmetic is checked against a brute-force model (hypothesis: each instant of a step
+classified one nanosecond at a time); a real script shows the numbers in the file sink and in
+TensorBoard (read back with its own reader), and over OTLP; a plain script that did not ask gets
+no extra line (the file sink stays verl's, line for line)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_tracking.config.settings import ConfigError, build_settings
+from otel_tracking.runtime.anatomy import DEFAULT_BUCKETS, Call, Phase, StepAnatomy, measure
+from tests.otlp_receiver import HttpReceiver, wait_for
+
+MS = 1_000_000
+
+
+def _phase(name: str, start_ms: float, end_ms: float, failed: bool = False) -> Phase:
+    return Phase(name, int(start_ms * MS), int(end_ms * MS), failed)
+
+
+def test_an_enclosing_step_is_idle_where_no_phase_runs_inside_it() -> None:
+    phases = [
+        _phase("step", 0, 100),
+        _phase("gen", 0, 30),
+        _phase("old_log_prob", 30, 40),
+        _phase("update_actor", 50, 80),
+    ]
+    got = measure(7, 0, 100 * MS, phases, [], DEFAULT_BUCKETS)
+    assert got.step == 7 and got.wall_s == pytest.approx(0.1)
+    assert got.shares == pytest.approx({"productive": 0.6, "overhead": 0.1, "wasted": 0.0, "idle": 0.3})
+
+
+def test_an_instant_counts_once_for_the_best_phase_running_then() -> None:
+    # reward overlaps old_log_prob: the overlap is productive, not counted twice
+    phases = [_phase("old_log_prob", 0, 50), _phase("reward", 20, 60), _phase("my_own_phase", 60, 70)]
+    got = measure(1, 0, 100 * MS, phases, [], DEFAULT_BUCKETS)
+    assert got.shares == pytest.approx({"productive": 0.4, "overhead": 0.3, "wasted": 0.0, "idle": 0.3})
+
+
+def test_a_phase_that_raised_is_wasted_and_the_users_buckets_win() -> None:
+    phases = [_phase("gen", 0, 40, failed=True), _phase("gen", 40, 60), _phase("my_wait", 60, 90)]
+    got = measure(1, 0, 100 * MS, phases, [], {**DEFAULT_BUCKETS, "my_wait": "idle", "gen": "productive"})
+    assert got.shares == pytest.approx({"productive": 0.2, "overhead": 0.0, "wasted": 0.4, "idle": 0.4})
+
+
+def test_busy_shares_count_the_ranks_no_call_reached_and_overlapping_calls_once() -> None:
+    calls = [
+        Call("update_actor", 0, 0, 20 * MS, "actor", ranks=4),
+        Call("update_actor", 0, 10 * MS, 30 * MS, "actor", ranks=4),  # overlaps: rank 0 busy 30 ms
+        Call("update_actor", 1, 0, 20 * MS, "actor", ranks=4),
+        Call("update_actor", 2, 0, 60 * MS, "actor", ranks=4),  # rank 3: no call at all
+    ]
+    got = measure(1, 0, 100 * MS, [_phase("update_actor", 0, 60)], calls, DEFAULT_BUCKETS)
+    assert got.busy == pytest.approx({"actor": (0.3 + 0.2 + 0.6 + 0.0) / 4})
+    # the straggler: rank 2, 60 ms against the median of (30, 20, 60) = 30
+    assert got.stragglers == {"update_actor": (2, pytest.approx(0.03))}
+    metrics = got.metrics()
+    assert metrics["anatomy/update_actor/straggler_rank"] == 2
+    assert metrics["anatomy/update_actor/straggler_lag_s"] == pytest.approx(0.03)
+    assert metrics["anatomy/actor/busy_frac"] == pytest.approx(0.275)
+
+
+def test_a_step_never_logged_or_without_a_phase_has_no_anatomy() -> None:
+    anatomy = StepAnatomy()
+    anatomy.phase_ended(1, _phase("gen", 0, 10))
+    assert anatomy.step_ended(1, None, 0, 20 * MS, first=False) is None
+    assert anatomy.step_ended(2, 3, 0, 20 * MS, first=False) is None
+    anatomy.phase_ended(3, _phase("gen", 50, 60))
+    first = anatomy.step_ended(3, 1, 0, 100 * MS, first=True)  # the run's set-up before it counts for no step
+    assert first is not None and first.wall_s == pytest.approx(0.05)
+
+
+def test_a_bad_bucket_is_a_clear_error_naming_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"OTEL_TRACKING_ANATOMY_BUCKETS: 'gen=useful' is not phase=bucket"):
+        build_settings("p", "e", ["console"], env={"OTEL_TRACKING_ANATOMY_BUCKETS": "gen=useful"})
+    with pytest.raises(ConfigError, match="OTEL_TRACKING_ANATOMY="):
+        build_settings("p", "e", ["console"], env={"OTEL_TRACKING_ANATOMY": "maybe"})
+    got = build_settings("p", "e", ["console"], env={"OTEL_TRACKING_ANATOMY_BUCKETS": " my_phase = Wasted ,x=idle"})
+    assert dict(got.anatomy_buckets) == {"my_phase": "wasted", "x": "idle"}
+
+
+# --- the arithmetic against a brute-force model ---------------------------------------------------
+
+NAMES = ["step", "gen", "reward", "old_log_prob", "adv", "mine", "wait_for_enough_samples"]
+RANK_ORDER = {"productive": 3, "wasted": 2, "overhead": 1, "idle": 0}
+
+
+@st.composite
+def steps(draw: Any) -> tuple[int, list[Phase], list[Call]]:
+    wall = draw(st.integers(10, 60))
+    phase = st.tuples(st.sampled_from(NAMES), st.integers(-5, wall + 5), st.integers(0, 30), st.booleans())
+    phases = [Phase(n, s, s + d, f) for n, s, d, f in draw(st.lists(phase, min_size=1, max_size=8))]
+    call = st.tuples(
+        st.sampled_from(["gen", "update_actor"]), st.integers(0, 3), st.integers(-5, wall), st.integers(1, 30)
+    )
+    calls = [Call(p, r, s, s + d, "actor", ranks=4) for p, r, s, d in draw(st.lists(call, max_size=10))]
+    return wall, phases, calls
+
+
+@given(steps())
+@settings(max_examples=300, deadline=None)
+def test_the_shares_match_a_nanosecond_by_nanosecond_model(step: tuple[int, list[Phase], list[Call]]) -> None:
+    wall, phases, calls = step
+    got = measure(1, 0, wall, phases, calls, DEFAULT_BUCKETS)
+    model = dict.fromkeys(RANK_ORDER, 0)
+    for t in range(wall):
+        running = [
+            "wasted" if p.failed else DEFAULT_BUCKETS.get(p.name, "overhead")
+            for p in phases
+            if p.start_ns <= t < p.end_ns
+        ]
+        running = [b for b in running if b != "enclosing"]
+        model[max(running, key=RANK_ORDER.__getitem__, default="idle")] += 1
+    assert got.shares == pytest.approx({b: n / wall for b, n in model.items()})
+    busy = [sum(any(c.rank == r and c.start_ns <= t < c.end_ns for c in calls) for t in range(wall)) for r in range(4)]
+    if calls and any(busy):
+        assert got.busy["actor"] == pytest.approx(sum(busy) / 4 / wall)
+    for phase, (rank, lag_s) in got.stragglers.items():
+        took = {
+            r: sum(
+                any(c.rank == r and c.phase == phase and c.start_ns <= t < c.end_ns for c in calls) for t in range(wall)
+            )
+            for r in range(4)
+        }
+        took = {r: n for r, n in took.items() if n}
+        assert took[rank] == max(took.values())
+        assert lag_s == pytest.approx((max(took.values()) - statistics.median(took.values())) / 1e9)
+
+
+# --- a real script ---------------------------------------------------------------------------------
+
+SCRIPT = textwrap.dedent(
+    """
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    import contextvars
+    from otel_tracking import Tracking, trace_state
+
+    def lane(n):
+        with trace_state("generate", state_lane_id=n):
+            time.sleep(0.15 if n == 2 else 0.05)
+
+    t = Tracking("proj", "exp", default_backend=["file", "tensorboard"])
+    with ThreadPoolExecutor(3) as pool:
+        for step in (1, 2, 3):
+            with trace_state("step"):
+                with trace_state("rollout"):
+                    for f in [pool.submit(contextvars.copy_context().run, lane, n) for n in range(3)]:
+                        f.result()
+                with trace_state("old_log_prob"):
+                    time.sleep(0.05)
+                time.sleep(0.05)  # in no phase
+            t.log({"loss": 1.0 / step}, step)
+    t.finish()
+    """
+)
+
+
+def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_", "TENSORBOARD_"))}
+    clean.update(TENSORBOARD_DIR=str(tmp_path / "tb"), OTEL_TRACKING_SPOOL_DIR=str(tmp_path / "spool"), **env)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=clean, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def _file_lines(tmp_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (tmp_path / "proj" / "exp.jsonl").read_text().splitlines()]
+
+
+def test_a_script_that_asks_gets_each_steps_anatomy_in_every_tracker(tmp_path: Path) -> None:
+    _run(tmp_path, OTEL_TRACKING_ANATOMY="1")
+    lines = _file_lines(tmp_path)
+    anatomy = {line["step"]: line["data"] for line in lines if "anatomy/goodput" in line["data"]}
+    assert sorted(anatomy) == [1, 2, 3], lines
+    for got in anatomy.values():
+        # rollout ~0.15 s productive, old_log_prob 0.05 s overhead, 0.05 s idle in each ~0.25 s step
+        assert 0.45 <= got["anatomy/goodput"] <= 0.75, got
+        assert 0.1 <= got["anatomy/overhead_frac"] <= 0.3, got
+        assert got["anatomy/rollout/straggler_rank"] == 2, got  # lane 2 took 3x longer
+        assert 0.07 <= got["anatomy/rollout/straggler_lag_s"] <= 0.2, got
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    shown = {e.step: e.value for e in accumulator.Scalars("anatomy/goodput")}
+    assert shown == pytest.approx({s: d["anatomy/goodput"] for s, d in anatomy.items()}, abs=1e-6)
+    lanes = {e.step: e.value for e in accumulator.Scalars("anatomy/rollout/straggler_rank")}
+    assert lanes == {1: 2, 2: 2, 3: 2}
+
+
+def test_a_plain_script_gets_no_line_it_did_not_ask_for(tmp_path: Path) -> None:
+    _run(tmp_path)
+    assert _file_lines(tmp_path) == [{"step": s, "data": {"loss": 1.0 / s}} for s in (1, 2, 3)]
+
+
+def test_the_anatomy_goes_out_as_otlp_gauges_with_the_bucket_role_and_phase_as_attributes(tmp_path: Path) -> None:
+    with HttpReceiver() as receiver:
+        _run(
+            tmp_path,
+            OTEL_TRACKING_ANATOMY="1",
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_METRICS_EXPORTER="otlp",
+            OTEL_METRIC_EXPORT_INTERVAL="200",
+        )
+
+        def points() -> dict[tuple[str, str], float] | None:
+            found = {
+                (name, next(iter(attrs.values()), "")): value
+                for _, name, _, value, attrs in receiver.received.gauge_points()
+                if name.startswith(("ml.step.share", "ml.phase.straggler"))
+            }
+            return found if ("ml.phase.straggler_rank", "rollout") in found else None
+
+        found = wait_for(points, what="the anatomy's gauges")
+    assert set(found) >= {
+        ("ml.step.share", "productive"),
+        ("ml.step.share", "overhead"),
+        ("ml.step.share", "idle"),
+        ("ml.phase.straggler_rank", "rollout"),
+        ("ml.phase.straggler_lag", "rollout"),
+    }
+    assert found[("ml.phase.straggler_rank", "rollout")] == 2
+    # not one metric name per key: the per-step path does not turn anatomy/* into gauges of their own
+    names = {name for _, name, _, _, _ in receiver.received.gauge_points()}
+    assert not any(name.startswith("anatomy") for name in names), names
