@@ -66,12 +66,18 @@ def test_demo_runs_and_says_where_it_wrote(tmp_path: Path) -> None:
     assert "Where each sink wrote:" in out.stdout
     metrics_file = tmp_path / "demo" / "grpo-simulated.jsonl"  # not demo/otel-tracking-demo/...
     assert str(metrics_file) in out.stdout
-    lines = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    everything = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    # the demo measures each step's anatomy (one more line at each step, when its root span ends)
+    anatomy = [line for line in everything if "anatomy/goodput" in line["data"]]
+    lines = [line for line in everything if line not in anatomy]
     assert [line["step"] for line in lines] == [*range(1, 11), 10, 11, 12]  # step 10 also has validation
+    assert [line["step"] for line in anatomy] == list(range(1, 13))
+    assert all(k.startswith("anatomy/") for line in anatomy for k in line["data"])
     assert len(lines[0]["data"]) >= 30
     assert lines[10]["data"].keys() == {"val-core/openai/gsm8k/reward/mean@4"}
     console = [line for line in out.stdout.splitlines() if line.startswith("step:")]
-    assert len(console) == 13
+    assert len(console) == 13 + 12
+    assert "The step's anatomy: goodput " in out.stdout
     events_file = metrics_file.with_name("grpo-simulated.events.jsonl")
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
     spans = {e["span_id"]: e for e in events if e["type"] == "span"}

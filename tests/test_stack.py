@@ -8,11 +8,14 @@ cached; a missing binary or toolchain fails these tests, it never skips them.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import re
+import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -449,3 +452,75 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     after = subprocess.run([*cli, "status", "--state-dir", str(state)], capture_output=True, text=True, timeout=60)
     assert after.returncode == 3 and after.stdout.count("stopped") == 5
+
+
+WORKER = """
+import os, time
+from otel_tracking import trace_state
+rank = int(os.environ["RANK"])
+with trace_state("actor_update", state_lane_id=f"rank_{rank}"):
+    time.sleep(0.6 if rank == 1 else 0.2)
+"""
+
+DRIVER = """
+import os, subprocess, sys
+from otel_tracking import Tracking, trace_state
+from otel_tracking.distributed.propagation import context_env
+t = Tracking("timeline-proj", "timeline-exp", default_backend="file")
+for step in (1, 2):
+    with trace_state("update_actor"):
+        env = {**os.environ, **context_env(), "OTEL_TRACKING_ROLE": "actor"}
+        workers = [subprocess.Popen([sys.executable, "-c", sys.argv[1]], env={**env, "RANK": str(r)}) for r in (0, 1)]
+        assert all(w.wait() == 0 for w in workers)
+    t.log({"loss": 1.0 / step}, step)
+t.finish()
+"""
+
+
+def test_the_timeline_draws_the_workers_that_export_only_over_otlp_from_the_trace_ui(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Worker processes without ``Tracking`` (spans over OTLP only, to the stack's collector) drawn
+    by ``otel-tracking timeline`` beside the driver's events file, from the stack's trace store
+    (Zipkin's API, fed by the collector through the relay)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=stack.otlp_http_endpoint,
+        OTEL_SERVICE_NAME="timeline-test",
+        OTEL_TRACKING_SPOOL_DIR=str(tmp_path / "spool"),
+        VERL_FILE_LOGGER_ROOT=str(tmp_path),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, WORKER], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = next(
+        json.loads(line)["resource"]["ml.run.id"]
+        for line in (tmp_path / "timeline-proj" / "timeline-exp.events.jsonl").read_text().splitlines()
+    )
+    api = stack.trace_ui_url.replace("/zipkin/", "/api/v2/traces?annotationQuery=ml.run.id%3D") + run_id
+
+    def both_steps_in_zipkin() -> list[Any] | None:
+        with urllib.request.urlopen(api, timeout=10) as answer:
+            spans = [s for trace in json.load(answer) for s in trace]
+        return spans if sum(s["name"] == "actor_update" for s in spans) >= 4 else None
+
+    poll(both_steps_in_zipkin, timeout=60, what="the workers' spans in Zipkin")
+    timeline = [sys.executable, "-m", "otel_tracking", "timeline", "timeline-proj", "--steps", "2", "--out", "step2"]
+    drawn = subprocess.run(
+        [*timeline, "--traces-url", stack.trace_ui_url],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert drawn.returncode == 0, drawn.stderr
+    assert "on 3 lanes, step 2" in drawn.stdout, drawn.stdout
+    assert "straggler: step 2 update_actor: actor rank 1 / lane rank_1, +0.4" in drawn.stdout, drawn.stdout
+    events = json.loads((tmp_path / "step2.json").read_text())["traceEvents"]
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert lanes == {"driver", "actor rank 0 / lane rank_0", "actor rank 1 / lane rank_1"}
+    # without the trace UI, the events file alone has only the driver's lane
+    alone = subprocess.run([*timeline[:-2], "--out", "alone"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert "on 1 lanes, step 2" in alone.stdout, alone.stdout

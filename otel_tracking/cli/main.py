@@ -71,7 +71,8 @@ def _stalls(args: argparse.Namespace) -> int:
 def _timeline(args: argparse.Namespace) -> int:
     from otel_tracking.cli import timeline
 
-    return timeline.main(args.paths, args.steps, args.out)
+    traces_url = args.traces_url or os.environ.get("OTEL_TRACKING_TRACES_URL") or None
+    return timeline.main(args.paths, args.steps, args.out, traces_url=traces_url)
 
 
 def _steps(raw: str) -> str:
@@ -188,6 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     timeline.add_argument("--steps", type=_steps, help="a step (3) or a range (3-5); default: the last step")
     timeline.add_argument("--out", help="where to write, without suffix (default: timeline-step<N>)")
+    timeline.add_argument(
+        "--traces-url",
+        help="also the run's spans the stack's trace UI keeps (Zipkin, e.g. http://127.0.0.1:9411/zipkin/: the "
+        "workers that export only over OTLP); default: OTEL_TRACKING_TRACES_URL",
+    )
     timeline.set_defaults(func=_timeline)
 
     args = parser.parse_args(argv)

@@ -2,7 +2,8 @@
 
 Reads the ``span`` lines of the file sink's events files (``<experiment>.events.jsonl``: the
 training process's, and any other process's that wrote one) and the spans of OTLP/JSON files (what
-a collector's ``file`` exporter writes: the worker processes that export only over OTLP), keeps the
+a collector's ``file`` exporter writes: the worker processes that export only over OTLP), and with
+``--traces-url`` the run's spans the stack's trace UI (Zipkin) keeps, then keeps the
 spans of the chosen steps (a span's ``ml.step``, else the step of its trace's ``ml.step`` root), and
 writes two files:
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_tracking.cli.stalls import events_files
-from otel_tracking.signals.semconv import LANE, RANK, ROLE, STEP, STEP_SPAN_NAME
+from otel_tracking.signals.semconv import LANE, RANK, ROLE, RUN_ID, STEP, STEP_SPAN_NAME
 
 
 @dataclass
@@ -44,8 +45,9 @@ class Span:
     depth: int = 0
 
 
-def read_spans(files: Iterable[Path]) -> list[Span]:
-    """Every span line of the events files, with its step (its own, else its trace root's)."""
+def read_spans(files: Iterable[Path], traces_url: str | None = None) -> list[Span]:
+    """Every span line of the events files, with its step (its own, else its trace root's); with
+    ``traces_url``, also the run's spans the trace UI keeps (the run of the files' spans)."""
     raw: list[dict[str, Any]] = []
     for path in files:
         with open(path, "rb") as handle:
@@ -58,6 +60,11 @@ def read_spans(files: Iterable[Path]) -> list[Span]:
                 except ValueError:  # a line cut short by a kill
                     continue
                 raw.extend(otlp_json_spans(record) if otlp else [record])
+    if traces_url:
+        runs = {s["resource"].get(RUN_ID) for s in raw if s.get("resource")} - {None}
+        known = {s["span_id"] for s in raw}
+        for run_id in sorted(runs):
+            raw.extend(s for s in zipkin_spans(traces_url, str(run_id)) if s["span_id"] not in known)
     root_steps = {
         s["trace_id"]: s["attributes"].get(STEP)
         for s in raw
@@ -106,6 +113,56 @@ def otlp_json_spans(request: dict[str, Any]) -> list[dict[str, Any]]:
                     }
                 )
     return found
+
+
+def zipkin_spans(base_url: str, run_id: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """The run's spans as the stack's trace UI (Zipkin) keeps them: every trace with a span tagged
+    ``ml.run.id=<run_id>`` (the stack's relay tags each span with its resource's attributes), in the
+    shape of the events file's span lines.  ``ConfigError`` when the trace UI does not answer."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from otel_tracking.config.settings import ConfigError
+
+    parts = urllib.parse.urlsplit(base_url)
+    query = urllib.parse.urlencode(
+        {"annotationQuery": f"ml.run.id={run_id}", "limit": "1000", "lookback": str(30 * 86_400_000)}
+    )
+    url = f"{parts.scheme}://{parts.netloc}/api/v2/traces?{query}"  # Zipkin's API, beside its UI's /zipkin/
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+            traces = json.load(answer)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"the trace UI at {base_url} did not answer {url}: {error}") from None
+    found = []
+    for trace in traces:
+        for span in trace:
+            tags = {key: _tag_value(value) for key, value in (span.get("tags") or {}).items()}
+            start_ns = int(span.get("timestamp", 0)) * 1000
+            found.append(
+                {
+                    "name": span.get("name", ""),
+                    "trace_id": span.get("traceId", ""),
+                    "span_id": span.get("id", ""),
+                    "parent_span_id": span.get("parentId"),
+                    "start_time_unix_nano": start_ns,
+                    "end_time_unix_nano": start_ns + int(span.get("duration", 0)) * 1000,
+                    "attributes": tags,
+                    "resource": tags,  # Zipkin keeps one set of tags: the resource's among them
+                }
+            )
+    return found
+
+
+def _tag_value(text: str) -> Any:
+    """A Zipkin tag back as the value it was (the relay writes what is not a string as JSON)."""
+    if text[:1].isdigit() or text[:1] in "-[{" or text in ("true", "false"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
 
 
 def _otlp_attributes(items: Any) -> dict[str, Any]:
@@ -306,12 +363,14 @@ def page(spans: Sequence[Span], found: Sequence[Straggler], title: str) -> str:
     )
 
 
-def main(paths: list[str], steps: str | None, out: str | None, stdout: Any = None) -> int:
+def main(
+    paths: list[str], steps: str | None, out: str | None, stdout: Any = None, traces_url: str | None = None
+) -> int:
     import sys
 
     say = stdout or sys.stdout
     files = events_files([Path(p) for p in paths] or [Path.cwd()])
-    spans = read_spans(files)
+    spans = read_spans(files, traces_url)
     known = sorted({s.step for s in spans if s.step is not None})
     if not known:
         say.write("otel-tracking timeline: no spans with a step in the events files found\n")
