@@ -18,8 +18,9 @@ Parts (each instrumented run beside the same thing uninstrumented, in a process 
   cpu     a worker's ``DistProfiler.annotate``d method called 200 times a second for
           --cpu-seconds, its spans exported over OTLP to a local endpoint: CPU seconds per wall
           second (all threads), beside the same worker uninstrumented.  Twice: a Ray actor its
-          driver covers (``distributed/drain.py``: calls return at once), and the method called
-          in a process nobody covers (each call's end waits until its spans have left).
+          driver covers (``distributed/drain.py``: calls return at once), also beside the plain
+          OTel SDK alone in that actor (``BatchSpanProcessor`` + OTLP/HTTP, same endpoint), and the
+          method called in a process nobody covers (each call's end waits until its spans have left).
 
 Results: bench/results/<UTC date>-<label>.json and .md (label ``verl`` unless --label), with the
 machine's load average at the start.
@@ -289,7 +290,10 @@ def child_cpu(spec: dict[str, Any]) -> dict[str, Any]:
 def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
     """A Ray actor, called by this driver at the rate: covered (drain.py) when instrumented, so its
     calls return at once; its CPU (all its threads, Ray's too) read by the actor itself.  After
-    ``ray.shutdown()`` the part counts the spans that arrived."""
+    ``ray.shutdown()`` the part counts the spans that arrived.  ``sdk``: the plain OpenTelemetry SDK
+    alone in the same actor, uninstrumented (a ``TracerProvider``, ``BatchSpanProcessor`` with its
+    defaults and the OTLP/HTTP exporter to the same endpoint, one span per call), flushed after the
+    measured time (nothing covers it)."""
     if spec["instrumented"]:
         from otel_tracking.verl import install
 
@@ -300,15 +304,32 @@ def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
 
     from otel_tracking import trace_state
 
+    sdk = bool(spec.get("sdk"))
+
     class Worker:
         def __init__(self) -> None:
             self.rank = 0
             self.profiler = DistProfiler(rank=0)
+            self.tracer: Any = None
+            if sdk:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+                from opentelemetry.sdk.trace import TracerProvider
+                from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+                self.provider = TracerProvider()
+                self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # the endpoint's variable
+                self.tracer = self.provider.get_tracer("bench")
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         @DistProfiler.annotate(role="actor_update")
         def update(self, x: int) -> int:
+            if self.tracer is not None:
+                with self.tracer.start_as_current_span("actor_update", attributes={"ml.rank": 0}):
+                    return x
             return x
+
+        def flush(self) -> bool:
+            return bool(self.provider.force_flush()) if sdk else True
 
         def cpu_s(self) -> float:
             return _own_cpu()  # this process is __main__: the function travels with the class
@@ -320,6 +341,7 @@ def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
         with trace_state("update_actor"):  # the driver's phase: the calls carry its context
             out = paced(lambda i: ray.get(worker.update.remote(i)), spec["rate"], spec["seconds"],
                         lambda: ray.get(worker.cpu_s.remote()))  # fmt: skip
+        ray.get(worker.flush.remote())
     finally:
         ray.shutdown()
     return out
@@ -350,19 +372,34 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     carrier = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "baggage": "ml.run.id=bench,ml.step=1"}
     out: dict[str, Any] = {}
-    for case, mode_name in (("covered", "cpu_ray"), ("uncovered", "cpu")):
-        with HttpReceiver() as receiver:
-            env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"),
-                            RANK="0")  # fmt: skip
-            result: dict[str, Any] = {}
-            for mode in ("off", "on"):
-                spec = {"mode": mode_name, "instrumented": mode == "on", "carrier": carrier, "rate": args.rate,
-                        "seconds": args.cpu_seconds}  # fmt: skip
-                result[mode] = child(spec, env)
-            spans = receiver.received.spans()
-            result["spans_arrived"] = sum(s["name"] == "actor_update" for s in spans)
-            result["trace_requests"] = len(receiver.received.traces)
+    for case, mode_name, modes in (("covered", "cpu_ray", ("off", "sdk", "on")), ("uncovered", "cpu", ("off", "on"))):
+        env = clean_env(OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"), RANK="0")
+        rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        for _ in range(args.cpu_rounds):  # interleaved: the machine's load hits every mode alike
+            for mode in modes:
+                with HttpReceiver() as receiver:  # one each: the spans that arrived are that mode's
+                    spec = {"mode": mode_name, "instrumented": mode == "on", "sdk": mode == "sdk",
+                            "carrier": carrier, "rate": args.rate, "seconds": args.cpu_seconds}  # fmt: skip
+                    one = child(spec, {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+                    one["spans_arrived"] = sum(s["name"] == "actor_update" for s in receiver.received.spans())
+                    one["trace_requests"] = len(receiver.received.traces)
+                rounds[mode].append(one)
+        result: dict[str, Any] = {"rounds": rounds}
+        for mode, each in rounds.items():  # the median round's CPU; the fewest calls and spans of any round
+            result[mode] = {
+                "cpu_per_wall_s": statistics.median(r["cpu_per_wall_s"] for r in each),
+                "calls": min(r["calls"] for r in each),
+                "spans_arrived": min(r["spans_arrived"] for r in each),
+                "trace_requests": int(statistics.median(r["trace_requests"] for r in each)),
+            }
+        result["spans_arrived"] = result["on"]["spans_arrived"]
+        result["trace_requests"] = result["on"]["trace_requests"]
         result["added_cpu_pct_of_a_core"] = 100 * (result["on"]["cpu_per_wall_s"] - result["off"]["cpu_per_wall_s"])
+        if "sdk" in result:
+            result["sdk_added_cpu_pct_of_a_core"] = 100 * (
+                result["sdk"]["cpu_per_wall_s"] - result["off"]["cpu_per_wall_s"]
+            )
+            result["on_over_sdk"] = result["on"]["cpu_per_wall_s"] / result["sdk"]["cpu_per_wall_s"]
         out[case] = result
     return out
 
@@ -404,15 +441,23 @@ def render(report: dict[str, Any]) -> str:
             "",
         ]
     if "cpu" in report:
-        lines += ["## A worker at 200 DistProfiler spans/s (CPU s per wall s)", "",
-                  "| worker | off | on | added (% of a core) | calls on | spans arrived |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        rounds = len(report["cpu"]["covered"]["rounds"]["on"])
+        lines += [f"## A worker at 200 DistProfiler spans/s (CPU s per wall s, median of {rounds} interleaved "
+                  "rounds; % of a core)", "",
+                  "| worker | off | plain SDK alone | ours | SDK added | ours added | ours / SDK | calls on | "
+                  "spans arrived (SDK, ours) | OTLP requests (SDK, ours) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for case, what in (("covered", "a Ray actor its driver covers (returns at once)"),
                            ("uncovered", "nobody covers it (each call's end waits for its spans)")):  # fmt: skip
             c = report["cpu"][case]
             off, on = c["off"]["cpu_per_wall_s"], c["on"]["cpu_per_wall_s"]
-            lines.append(f"| {what} | {off:.3f} | {on:.3f} | {c['added_cpu_pct_of_a_core']:.1f} | "
-                         f"{c['on']['calls']} | {c['spans_arrived']} |")  # fmt: skip
+            sdk = c.get("sdk")
+            sdk_spans, sdk_requests = (sdk["spans_arrived"], sdk["trace_requests"]) if sdk else ("-", "-")
+            cells = [f"{off:.3f}", f"{sdk['cpu_per_wall_s']:.3f}" if sdk else "-", f"{on:.3f}",
+                     f"{c['sdk_added_cpu_pct_of_a_core']:.1f}%" if sdk else "-", f"{c['added_cpu_pct_of_a_core']:.1f}%",
+                     f"{c['on_over_sdk']:.2f}x" if sdk else "-", str(c["on"]["calls"]),
+                     f"{sdk_spans}, {c['spans_arrived']}", f"{sdk_requests}, {c['trace_requests']}"]  # fmt: skip
+            lines.append(f"| {what} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -429,6 +474,7 @@ def main() -> int:
     parser.add_argument("--import-rounds", type=int, default=5)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--cpu-seconds", type=float, default=20.0)
+    parser.add_argument("--cpu-rounds", type=int, default=1, help="interleaved rounds of the cpu part (median)")
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--label", default="verl", help="results file: bench/results/<UTC date>-<label>")
     args = parser.parse_args()

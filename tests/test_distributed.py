@@ -198,3 +198,50 @@ def test_a_rollout_crossing_steps_links_to_the_step_it_serves(isolated: Path, re
     assert generate["links"] == [(served_trace, served["traceparent"].split("-")[2])]
     assert generate["attributes"]["ml.weight_version"] == 0
     assert generate["trace_id"] != served_trace  # it runs in step 2's trace, linked to step 1's
+
+
+COVERED_WORKER = """
+import os, sys
+from otel_tracking import trace_state
+from otel_tracking.distributed import drain
+from otel_tracking.distributed.environment import COVERED_EXPORT_INTERVAL_S
+from otel_tracking.runtime.run import current_run
+
+when = sys.argv[1]
+if when == "after":
+    with trace_state("uncovered_work"):  # the worker run is built before anyone covers the process
+        pass
+drain._become_covered(None)  # what a caller's first call sends through __ray_call__ (drain.remember)
+for _ in range(50):
+    with trace_state("covered_work"):
+        pass
+run = current_run()
+intervals = {s.worker.policy.export_interval_s for s in run.all_sinks if s.worker is not None}
+expected = COVERED_EXPORT_INTERVAL_S
+if "OTEL_BSP_SCHEDULE_DELAY" in os.environ:
+    expected = float(os.environ["OTEL_BSP_SCHEDULE_DELAY"]) / 1000
+assert intervals == {expected}, intervals
+assert run.flush(10.0)  # what the caller's drain does (drain._deliver_here)
+os._exit(0)  # as Ray ends a worker: no exit hook; what arrives was sent by the flush
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "after", "variable"])
+def test_a_covered_worker_exports_less_often_and_its_drain_still_sends_every_span(
+    isolated: Path, receiver: HttpReceiver, when: str
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if when == "variable":  # the user's own interval stays as it is
+        env["OTEL_BSP_SCHEDULE_DELAY"] = "100"
+    done = subprocess.run(
+        [sys.executable, "-c", COVERED_WORKER, "before" if when == "variable" else when],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    spans = _spans_named(receiver, "covered_work", 50)
+    assert len(spans) == 50, "each span exactly once"
+    if when == "after":
+        assert len(_spans_named(receiver, "uncovered_work", 1)) == 1

@@ -390,6 +390,14 @@ class Worker:
 
     # --- the end ---------------------------------------------------------------------------------
 
+    def hold_for(self, export_interval_s: float) -> None:
+        """From now on spans and log records wait up to ``export_interval_s`` to leave together
+        (the policy's ``export_interval_s``); a flush or the stop still sends them at once."""
+        with self._lock:
+            self.policy = dataclasses.replace(self.policy, export_interval_s=export_interval_s)
+            self._next_export = min(self._next_export, time.monotonic() + export_interval_s)
+            self._lock.notify_all()
+
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything submitted so far was handled; False on timeout."""
         with self._lock:

@@ -10,7 +10,8 @@ them, but costs one OTLP request per call: about 2 ms of CPU, half a core for a 
   not keep an actor alive) and tells it, once, that it is *covered*;
 * before that process shuts Ray down, exits, or kills one of them, it asks each to deliver what it
   holds, and to ask the actors it called in turn (``__ray_call__``), all within one bounded wait;
-* a covered actor's calls return at once: its spans leave at the worker run's export interval.
+* a covered actor's calls return at once: its spans leave at the worker run's export interval,
+  a longer one than an uncovered process's (``worker.export_less_often``).
 
 Who covers: the Ray driver (the process that ran ``ray.init``), and every actor that such a
 process remembered.  A process that nobody covers (a remote function's worker, an actor called
@@ -130,6 +131,9 @@ def _become_covered(actor: object) -> None:
     global _covered_pid, _covering_pid
     _covered_pid = _covering_pid = os.getpid()  # and it covers the actors it calls
     _hook()
+    from otel_tracking.distributed.worker import export_less_often
+
+    export_less_often()  # fewer, larger exports from now on (a run built later does it itself)
 
 
 def _deliver_here(actor: object, skip: frozenset[str], timeout_s: float) -> None:

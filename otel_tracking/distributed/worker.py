@@ -5,8 +5,9 @@ Only the driver talks to ML trackers; every other process of a job speaks OTLP. 
 *worker run* for the process, from the standard variables:
 
 * exporters: OTLP per ``OTEL_EXPORTER_OTLP_*`` / ``OTEL_TRACES_EXPORTER`` (and any of our sinks or
-  entry points named there), behind the same queue, retry and spool as the driver's sinks: a span
-  leaves for its exporter as soon as it ends, and the run is flushed at normal interpreter exit;
+  entry points named there), behind the same queue, retry and spool as the driver's sinks: spans
+  leave together every ``WORKER_EXPORT_INTERVAL_S`` (``COVERED_EXPORT_INTERVAL_S`` once a caller
+  covers the process, :func:`export_less_often`), and the run is flushed at normal interpreter exit;
 * identity: ``ml.project``, ``ml.experiment``, ``ml.run.id`` from the caller's baggage (what
   :func:`otel_tracking.distributed.propagation.inject` and the Ray helpers carry), else the run a forked child
   inherited, else the environment;
@@ -47,7 +48,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tracking.config.settings import Settings
-from otel_tracking.distributed.environment import build_worker_settings
+from otel_tracking.distributed.environment import (
+    COVERED_EXPORT_INTERVAL_S,
+    WORKER_EXPORT_INTERVAL_S,
+    build_worker_settings,
+)
 from otel_tracking.runtime.run import Run, current_run, inherited_identity
 from otel_tracking.signals.carrier import identity_from
 
@@ -148,10 +153,27 @@ def _build(ctx: Context | None) -> Run | None:
         otlp["traces"] = _spool_only_traces(settings)
     run = Run(settings, step_sinks, otlp_sinks=otlp, periodic_sinks=periodic, driver=False)
     run.process_worker = True  # a Tracking started later in this process ends it (run.py)
+    from otel_tracking.distributed.drain import covered
+
+    if covered():
+        export_less_often(run)
     # A multiprocessing child started by fork() ends with os._exit(): no exit hook runs there, but
     # multiprocessing's own finalizers do.
     multiprocessing.util.Finalize(None, _finish, args=(weakref.ref(run),), exitpriority=100)
     return run
+
+
+def export_less_often(run: Run | None = None) -> None:
+    """This process is covered (its caller asks for its spans before Ray ends it): its worker run's
+    spans and log records leave every :data:`COVERED_EXPORT_INTERVAL_S` instead of every
+    :data:`WORKER_EXPORT_INTERVAL_S`; a drain, a flush and the run's end still send them at once.
+    ``OTEL_BSP_SCHEDULE_DELAY``, when set, stays as it is."""
+    run = current_run() if run is None else run
+    if run is None or not run.process_worker or "OTEL_BSP_SCHEDULE_DELAY" in os.environ:
+        return
+    for sink in run.all_sinks:
+        if sink.worker is not None and sink.worker.policy.export_interval_s == WORKER_EXPORT_INTERVAL_S:
+            sink.worker.hold_for(COVERED_EXPORT_INTERVAL_S)
 
 
 def _finish(ref: weakref.ref[Run]) -> None:
@@ -232,4 +254,11 @@ def _spool_only_traces(settings: Settings) -> Any:
     return Sink("otlp-traces", BridgeParts(spans=_NoExporter(where), where=f"spooled: {where}"), policy=policy)
 
 
-__all__ = ["configure_worker", "deliver_pending", "deliver_pending_async", "worker_run", "worker_settings"]
+__all__ = [
+    "configure_worker",
+    "deliver_pending",
+    "deliver_pending_async",
+    "export_less_often",
+    "worker_run",
+    "worker_settings",
+]
