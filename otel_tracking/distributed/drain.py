@@ -164,17 +164,15 @@ def _covering() -> bool:
 
 
 def _is_driver() -> bool:
-    import ray
+    from otel_tracking.distributed.ray_internals import is_driver
 
-    try:
-        return bool(ray.is_initialized() and ray._private.worker.global_worker.mode == ray.SCRIPT_MODE)
-    except AttributeError:  # another Ray: then no process covers, and each call waits for its spans
-        return False
+    return is_driver()  # without Ray's name, no process covers, and each call waits for its spans
 
 
 def _actor_key(handle: Any) -> str | None:
-    hex_id = getattr(getattr(handle, "_actor_id", None), "hex", None)  # Ray's ActorID
-    return str(hex_id()) if callable(hex_id) else None
+    from otel_tracking.distributed.ray_internals import actor_id
+
+    return actor_id(handle)
 
 
 def _hook() -> None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from otel_tracking.distributed.ray_internals import ACTOR_METHOD_CALL, method_parameters
 from otel_tracking.verl.guard import cannot_patch, quietly
 
 CARRIER = "_otel_context"
@@ -189,9 +190,9 @@ async def _at_call_end() -> None:
 
 def _patch_caller(actor: ModuleType) -> None:
     handle = getattr(actor, "ActorHandle", None)
-    ray_call = getattr(handle, "_actor_method_call", None)
+    ray_call = getattr(handle, ACTOR_METHOD_CALL, None)
     if ray_call is None:
-        cannot_patch(actor.__name__, ["ActorHandle._actor_method_call"])
+        cannot_patch(actor.__name__, [f"ActorHandle.{ACTOR_METHOD_CALL}"])
         return
     if getattr(ray_call, _PATCHED, False):
         return
@@ -208,7 +209,7 @@ def _patch_caller(actor: ModuleType) -> None:
         return ray_call(self, method_name, args, kwargs, *more, **options)
 
     setattr(_actor_method_call, _PATCHED, True)
-    handle._actor_method_call = _actor_method_call  # type: ignore[union-attr]
+    setattr(handle, ACTOR_METHOD_CALL, _actor_method_call)
 
 
 def _remember(handle: Any) -> None:
@@ -225,8 +226,7 @@ def _remember(handle: Any) -> None:
 def _takes_carrier(handle: Any, method_name: str) -> bool:
     """The method's signature (Ray's, made where the actor class was) has our parameter, and the
     job's workers are instrumented (an uninstrumented callee would not know the keyword)."""
-    parameters = (getattr(handle, "_ray_method_signatures", None) or {}).get(method_name) or ()
-    if not any(getattr(p, "name", None) == CARRIER for p in parameters):
+    if not any(getattr(p, "name", None) == CARRIER for p in method_parameters(handle, method_name)):
         return False
     from otel_tracking.verl.dispatch import _workers_instrumented
 

@@ -77,17 +77,14 @@ def waiting_for(span: Any) -> tuple[dict[str, Any], list[str]] | None:
 
 def _where(worker: Any) -> str:
     """The actor's id, node and pid, from the GCS's actor table (not from the actor)."""
-    actor_id = getattr(worker, "_actor_id", None)
-    if actor_id is None:
-        return "actor ?"
-    try:
-        from ray._private import state
+    from otel_tracking.distributed.ray_internals import actor_id, actor_table_entry
 
-        info = state.state.actor_table(actor_id.hex()) or {}
-    except Exception:
-        info = {}
+    hex_id = actor_id(worker)
+    if hex_id is None:
+        return "actor ?"
+    info = actor_table_entry(hex_id)
     address = info.get("Address") or {}
     return (
-        f"actor {actor_id.hex()} ({info.get('State', '?')}), node {address.get('NodeID', '?')} "
+        f"actor {hex_id} ({info.get('State', '?')}), node {address.get('NodeID', '?')} "
         f"({address.get('IPAddress', '?')}), pid {info.get('Pid', '?')}"
     )
