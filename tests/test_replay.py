@@ -339,8 +339,8 @@ def test_replay_of_a_tracker_that_never_opened_goes_to_the_store_the_run_named(
 
 
 def test_a_destination_with_credentials_is_not_kept_and_replay_asks_for_it(isolated: Path) -> None:
+    from otel_tracking.config.destinations import destination, with_destination
     from otel_tracking.config.settings import build_settings
-    from otel_tracking.delivery.registry import destination, with_destination
 
     settings = build_settings("p", "e", (), env={"MLFLOW_TRACKING_URI": "https://user:secret@mlflow.example"})
     kept = destination("mlflow", settings)

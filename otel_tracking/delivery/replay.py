@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from otel_tracking.config.destinations import with_destination
 from otel_tracking.config.paths import spool_root
 from otel_tracking.config.settings import build_settings
 from otel_tracking.delivery.engine import item_count
@@ -64,7 +65,7 @@ def _logged_order(path: Path) -> tuple[str, str, int, str]:
 
 
 def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Sink:
-    from otel_tracking.delivery.registry import RunConfig, build_otlp_sinks, build_sink, with_destination
+    from otel_tracking.delivery.registry import RunConfig, build_otlp_sinks, build_sink
 
     e = with_destination(os.environ if env is None else env, header.get("destination") or {})
     name = str(header["sink"])

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from otel_tracking.config.destinations import destination
 from otel_tracking.config.paths import path_part
 from otel_tracking.config.settings import Settings
 from otel_tracking.delivery.codec import DECODERS, ENCODERS
@@ -183,8 +184,6 @@ def sink_spool(sink: SpooledSink, settings: Settings, pid: int) -> Spool | None:
     """Where a queued sink keeps what it cannot deliver; the header tells replay how to rebuild it."""
     if sink.inline or settings.spool_writable is False:
         return None
-    from otel_tracking.delivery.registry import destination
-
     header = {
         "sink": sink.name,
         "project": settings.project,
