@@ -62,6 +62,7 @@ _lock = threading.Lock()
 _defaults: dict[str, Any] = {}  # role / rank given by configure_worker (or a Ray actor's class name)
 _actor: object | None = None  # the first traced Ray actor of this process (its ``rank``)
 _disabled_pid: int | None = None  # OTEL_SDK_DISABLED in this process: no worker run, no retries
+_less_often_pid: int | None = None  # covered (drain.py): this process's worker run exports less often
 
 # How long the end of a traced call waits for its spans to leave.  Against a healthy endpoint that
 # is one round trip; a failing one spools within its retries (~1 s); only a hung endpoint reaches
@@ -153,9 +154,7 @@ def _build(ctx: Context | None) -> Run | None:
         otlp["traces"] = _spool_only_traces(settings)
     run = Run(settings, step_sinks, otlp_sinks=otlp, periodic_sinks=periodic, driver=False)
     run.process_worker = True  # a Tracking started later in this process ends it (run.py)
-    from otel_tracking.distributed.drain import covered
-
-    if covered():
+    if _less_often_pid == os.getpid():  # covered before its first span (drain.py)
         export_less_often(run)
     # A multiprocessing child started by fork() ends with os._exit(): no exit hook runs there, but
     # multiprocessing's own finalizers do.
@@ -167,7 +166,10 @@ def export_less_often(run: Run | None = None) -> None:
     """This process is covered (its caller asks for its spans before Ray ends it): its worker run's
     spans and log records leave every :data:`COVERED_EXPORT_INTERVAL_S` instead of every
     :data:`WORKER_EXPORT_INTERVAL_S`; a drain, a flush and the run's end still send them at once.
-    ``OTEL_BSP_SCHEDULE_DELAY``, when set, stays as it is."""
+    ``OTEL_BSP_SCHEDULE_DELAY``, when set, stays as it is.  A worker run built later in this
+    process does it too (``drain.py`` calls this once, when the process becomes covered)."""
+    global _less_often_pid
+    _less_often_pid = os.getpid()
     run = current_run() if run is None else run
     if run is None or not run.process_worker or "OTEL_BSP_SCHEDULE_DELAY" in os.environ:
         return
