@@ -25,11 +25,11 @@ from types import ModuleType
 from typing import Any
 
 from otel_tracking.verl.guard import cannot_patch, logger, quietly
+from otel_tracking.verl.roles import role_of
 
 CARRIER = "_otel_context"  # the same keyword as otel_tracking.distributed.ray_tracing's
 TAKES_CARRIER = "otel_tracking.signals.carrier"  # a key in verl's MAGIC_ATTR dict of a method we wrapped
 _PATCHED = "__otel_tracking_patched__"
-_ROLES = ("critic", "reward", "actor", "ref", "rollout")
 
 
 def patch(module: ModuleType) -> None:
@@ -146,21 +146,6 @@ def _detach(token: Any) -> None:
         from opentelemetry import context
 
         context.detach(token)
-
-
-def role_of(worker: Any) -> str:
-    """actor, rollout, ref, critic or reward, from the worker's ``role`` or its class name."""
-    named = getattr(worker, "role", None)
-    return role_from_name(named if isinstance(named, str) and named else type(worker).__name__)
-
-
-def role_from_name(raw: str) -> str:
-    """The first of critic, reward, actor, ref, rollout that ``raw`` (a role or class name) holds."""
-    lower = raw.lower()
-    for role in _ROLES:
-        if role in lower:
-            return role
-    return raw
 
 
 # --- driver side -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ ends where the phase that sent it ended (the driver had its result by then).
 
 The role of a call is the method's (``update_actor``: actor, ``compute_ref_log_prob``: ref,
 ``generate_sequences``: rollout, ``compute_values``: critic, ``compute_rm_score``: reward), else
-the worker class's, as ``dispatch.role_of`` names a worker's.
+the worker class's, as ``roles.role_of`` names a worker's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_tracking.runtime.anatomy import Call, add_call_source
-from otel_tracking.verl.dispatch import role_from_name
+from otel_tracking.verl.roles import role_from_name
 
 _POLL_S = 0.05  # a call sent while the thread waits joins the wait this much later, at most
 # The first keyword found in a method's name says its role (ref before log_prob: compute_ref_log_prob).
