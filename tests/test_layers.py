@@ -1,9 +1,12 @@
 """The package's layers import only downward (README: "The code, layer by layer").
 
-Every ``import`` in otel_tracking/, at module top or inside a function, is read with ``ast``: a
-module may import its own layer and the layers below it, never one above.  The package root
-(``otel_tracking/__init__.py``: the lazy public names) and the three documented old import paths
-(``otel_tracking.ray_tracing``, ``.propagation``, ``.worker``: re-exports) sit outside the layers.
+Every ``import`` in otel_tracking/, at module top or inside a function, and every
+``importlib.import_module`` of a literal or f-string name, is read with ``ast``: a module may import
+its own layer and the layers below it, never one above, and no modules import each other in a
+circle (function-level imports count: a circle put off to call time is still one).  The package
+root (``otel_tracking/__init__.py``: the lazy public names) and the three documented old import
+paths (``otel_tracking.ray_tracing``, ``.propagation``, ``.worker``: re-exports) sit outside the
+layers.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ def layer_of(module: str) -> str | None:
     return parts[1] if parts[1] in LAYERS else None
 
 
-def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
+def imports_of(path: Path, module: str, names: bool = False) -> list[tuple[int, str]]:
+    """(line, module) for each import; with ``names``, ``from package import x`` also gives
+    ``package.x`` (x may be a module)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -36,7 +41,77 @@ def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
                 base = ".".join(module.split(".")[: -node.level] + ([base] if base else []))
             # `from otel_tracking.config import settings` names a module of that layer either way
             found.append((node.lineno, base))
+            if names:
+                found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
+            name = _literal_prefix(node.args[0])
+            if name:
+                found.append((node.lineno, name))
     return found
+
+
+def _is_import_module(func: ast.expr) -> bool:
+    """``importlib.import_module`` or a bare ``import_module``."""
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id == "import_module"
+    )
+
+
+def _literal_prefix(arg: ast.expr) -> str | None:
+    """The module a literal names, or the package an f-string's constant start names
+    (``f"otel_tracking.exporters.{name}"`` imports a module of ``otel_tracking.exporters``)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value).rstrip(".") or None
+    return None
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent).with_suffix("")
+        names[".".join(relative.parts)] = path
+    return names
+
+
+def circles() -> list[list[str]]:
+    """Every set of modules that import each other in a circle (Tarjan's strongly connected
+    components over the module graph; a package's ``__init__`` is the package's name)."""
+    modules = module_names()
+    known = {name.removesuffix(".__init__"): name for name in modules}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = set()
+        for _, target in imports_of(path, name, names=True):
+            while target and target not in known:  # `from package.module import name`: the module
+                target = target.rpartition(".")[0]
+            if target and known[target] != name and target != PACKAGE.name:
+                graph[name].add(known[target])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = stack[stack.index(node) :]
+            del stack[stack.index(node) :]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
 
 
 def violations() -> list[str]:
@@ -72,6 +147,35 @@ def test_the_check_sees_an_upward_import(tmp_path: Path, monkeypatch) -> None:
     assert violations() == [
         "otel_tracking.signals.values:2 (signals) imports otel_tracking.runtime (runtime), a layer above it"
     ]
+
+
+def test_the_check_reads_import_module_calls(tmp_path: Path, monkeypatch) -> None:
+    """A module loaded by name (``importlib.import_module`` of a literal or an f-string) is an
+    import too: a config module that loads the runtime that way is reported."""
+    package = tmp_path / "otel_tracking"
+    (package / "config").mkdir(parents=True)
+    (package / "config" / "settings.py").write_text(
+        "import importlib\ndef f(name):\n    return importlib.import_module(f'otel_tracking.runtime.{name}')\n"
+    )
+    monkeypatch.setitem(globals(), "PACKAGE", package)
+    assert violations() == [
+        "otel_tracking.config.settings:3 (config) imports otel_tracking.runtime (runtime), a layer above it"
+    ]
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    assert circles() == []
+
+
+def test_the_check_sees_a_circle_put_off_to_call_time(tmp_path: Path, monkeypatch) -> None:
+    """Two modules of one layer, one importing the other inside a function: still a circle."""
+    package = tmp_path / "otel_tracking"
+    (package / "delivery").mkdir(parents=True)
+    (package / "delivery" / "__init__.py").write_text("")
+    (package / "delivery" / "spool.py").write_text("def f():\n    from otel_tracking.delivery.registry import g\n")
+    (package / "delivery" / "registry.py").write_text("from otel_tracking.delivery import spool\n")
+    monkeypatch.setitem(globals(), "PACKAGE", package)
+    assert circles() == [["otel_tracking.delivery.registry", "otel_tracking.delivery.spool"]]
 
 
 def test_the_old_import_paths_still_work() -> None:
