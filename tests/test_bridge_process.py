@@ -391,3 +391,33 @@ def test_a_request_into_a_full_pipe_to_a_child_that_stopped_reading_is_bounded(
     wait_for(lambda: link.process.poll() is not None, timeout_s=60, what="the stuck bridge process stopped")
     scalars, _, _ = read_events(isolated / "tb")
     assert scalars["loss"] == [(s, pytest.approx(_loss(s))) for s in range(5)]
+
+
+def test_a_sink_reporting_an_outcome_never_waits_on_a_full_pipe() -> None:
+    """In the bridge process, a sink's worker reports each item's outcome under its own queue's
+    lock: that report must not wait while the pipe to a training process that reads nothing is
+    full (a frozen or busy parent).  The reply being written then still goes after the earlier
+    acknowledgements, and the acknowledgement reported meanwhile follows it."""
+    import multiprocessing
+    import pickle
+    import threading
+
+    from otel_tracking.bridges.child import _Outbox
+    from otel_tracking.bridges.wire import Acks
+
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    outbox = _Outbox(writer)
+    outbox.acknowledge((1, "mlflow"), "delivered")
+    big = threading.Thread(target=outbox.send, args=(b"x" * (4 << 20),), daemon=True)
+    big.start()  # blocks: nobody reads the pipe yet
+    time.sleep(0.3)
+    assert big.is_alive()
+    reported = threading.Thread(target=outbox.acknowledge, args=((2, "mlflow"), "spooled"), daemon=True)
+    reported.start()
+    reported.join(2.0)
+    assert not reported.is_alive(), "reporting an outcome waited on the pipe"
+    messages = [pickle.loads(reader.recv_bytes()), pickle.loads(reader.recv_bytes())]
+    big.join(5.0)
+    outbox.tell("reply")
+    messages += [pickle.loads(reader.recv_bytes()), pickle.loads(reader.recv_bytes())]
+    assert messages == [Acks([(1, "mlflow", "delivered")]), b"x" * (4 << 20), Acks([(2, "mlflow", "spooled")]), "reply"]

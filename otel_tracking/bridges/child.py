@@ -188,11 +188,17 @@ class _Watchdog:
 class _Outbox:
     """The child's answers to the training process: replies, and the acknowledgements the sinks'
     workers report (or, while a group of items is under way, that a backend took part of it), sent
-    together every ``_ACK_INTERVAL_S`` by one small thread."""
+    together every ``_ACK_INTERVAL_S`` by one small thread.
+
+    Two locks: ``_lock`` guards the pending acknowledgements for an instant, so a sink's worker
+    that reports one (under its own queue's lock) never waits on the pipe; ``_send_lock`` orders
+    the writes, and acknowledgements are taken only under it, so a reply never overtakes those
+    reported before it."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._acks: list[tuple[int, str, str]] = []
         self._progressed = False  # a backend took part of a group since the last message
         self.last_done = 0.0  # monotonic time a sink last reached the end of an item, or of part of one
@@ -209,7 +215,7 @@ class _Outbox:
 
     def send(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        with self._lock:
+        with self._send_lock:
             self._send_acks()  # acknowledgements first: a reply never overtakes them
             self._connection.send_bytes(data)
 
@@ -219,13 +225,14 @@ class _Outbox:
             self.send(message)
 
     def _send_acks(self) -> None:
-        """(Under the lock.)  Acknowledgements say progress too: Progress only when there are none."""
-        if self._acks:
+        """(Under the send lock.)  Acknowledgements say progress too: Progress only when there are none."""
+        with self._lock:
             acks, self._acks = self._acks, []
+            progressed, self._progressed = self._progressed, False
+        if acks:
             self._connection.send_bytes(pickle.dumps(Acks(acks), protocol=pickle.HIGHEST_PROTOCOL))
-        elif self._progressed:
+        elif progressed:
             self._connection.send_bytes(pickle.dumps(Progress(), protocol=pickle.HIGHEST_PROTOCOL))
-        self._progressed = False
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="otel-tracking-acks", daemon=True).start()
@@ -234,7 +241,7 @@ class _Outbox:
         while True:
             time.sleep(_ACK_INTERVAL_S)
             try:
-                with self._lock:
+                with self._send_lock:
                     self._send_acks()
             except OSError:
                 return

@@ -6,7 +6,10 @@ and a spool on disk for what the sink cannot take.
                              v                          v
                            spool (JSONL on disk, 0600; ``otel-tracking replay`` delivers it later)
 
-``submit()`` never blocks: a full queue spools the item (or, with no spool, drops and counts it).
+``submit()`` never waits for the backend or for an export: it appends under the queue's lock, and a
+full queue writes the item to the spool file instead (a local write, under that lock, so the spool
+stays in order), or, with no spool, drops and counts it.  The ``done`` callback runs under the lock
+too: it must not wait on anything slow (in the bridge process it queues an acknowledgement).
 After an item has used up its attempts the sink is *degraded*: new items go straight to the spool
 (no waiting on a dead backend), and every ``probe_interval_s`` one item is tried again; one success
 ends the degraded state.  At ``stop()`` the queue is drained, with at most one attempt per item,
@@ -226,7 +229,8 @@ class Worker:
     # --- the training thread's side --------------------------------------------------------------
 
     def submit(self, kind: str, payload: Any, token: Any = None) -> None:
-        """Never blocks: a full queue (or a stopped worker) spools the item instead."""
+        """Queues the item without waiting for the backend: a full queue (or a stopped worker) spools
+        it instead (a local write, under the lock)."""
         n = item_count(kind, payload)
         with self._lock:
             self.ledger.handed += n
