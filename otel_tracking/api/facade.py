@@ -26,23 +26,12 @@ from types import TracebackType
 from typing import Any
 
 from otel_tracking.api.rl_insight import RLInsightLogger, say_where_it_goes
-from otel_tracking.bridges.process import start_bridges
 from otel_tracking.config.settings import Settings, build_settings
 from otel_tracking.config.traces_link import traces_link
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.registry import (
-    SUPPORTED_BACKENDS,
-    WRITTEN_AT_ONCE,
-    RunConfig,
-    build_checked_sink,
-    build_env_sinks,
-    build_otlp_sinks,
-    check_bridge,
-    check_env_sinks,
-    is_bridge,
-    restart_step,
-)
+from otel_tracking.delivery.registry import SUPPORTED_BACKENDS, RunConfig, restart_step
 from otel_tracking.delivery.spool import check_spool_dir
+from otel_tracking.runtime.assembly import check_backends, open_run
 from otel_tracking.runtime.lifecycle import exit_code_for
 from otel_tracking.runtime.run import Run
 
@@ -90,38 +79,16 @@ class Tracking:
         settings = check_spool_dir(settings)
         if insight:
             say_where_it_goes(settings)
-        # Everything that can be found wrong without opening anything is found first (a missing
-        # package, a bad tracker setting, an OTEL_*_EXPORTER name that is nothing): a failed
-        # Tracking() leaves nothing open and nothing written.
-        bridges = [n for n in names if is_bridge(n)]
-        for name in bridges:
-            check_bridge(name, settings)
-        check_env_sinks(settings, taken=names)
+        # Everything that can be found wrong without opening anything is found first: a failed
+        # Tracking() leaves nothing open and nothing written (runtime/assembly.py).
+        check_backends(settings, names)
         run_config = RunConfig.of(config)  # redacted once, for every backend
         _say_resume(settings, run_config)
-        built: dict[str, Sink] = {}
-        extra: list[Sink] = []
-        periodic: list[Sink] = []
-        try:
-            # The ML bridges in one child process (bridges/process.py), the rest here; the file and
-            # console sinks last, as nothing after them can fail.
-            if bridges and settings.bridge_process:
-                built.update(zip(bridges, start_bridges(bridges, settings, run_config), strict=True))
-            local = [n for n in names if n not in built and n != "rl_insight"]
-            for name in sorted(local, key=lambda n: n in WRITTEN_AT_ONCE):
-                built[name] = build_checked_sink(name, settings, run_config)
-            extra, periodic = build_env_sinks(settings, run_config, taken=names)
-            otlp = build_otlp_sinks(settings)
-            sinks = [built[n] for n in names if n in built] + extra
-            self._run = Run(settings, sinks, otlp_sinks=otlp, periodic_sinks=periodic)
-            # Also when the exit hook finishes a run nobody finished: the counts and the replay
-            # command are printed all the same.
-            self._run.on_finished = functools.partial(_after_finish, self._run)
-        except BaseException:  # nothing half-built stays behind: no sink open, no bridge process
-            for sink in [*built.values(), *extra, *periodic]:
-                sink.finish(1)
-            raise
-        self.logger: dict[str, Sink] = {sink.name: sink for sink in [*sinks, *periodic]}
+        self._run = open_run(settings, names, run_config)
+        # Also when the exit hook finishes a run nobody finished: the counts and the replay
+        # command are printed all the same.
+        self._run.on_finished = functools.partial(_after_finish, self._run)
+        self.logger: dict[str, Sink] = {sink.name: sink for sink in [*self._run.sinks, *self._run.periodic_sinks]}
         if insight:
             RLInsightLogger.attach(self._run, config)
 

@@ -192,6 +192,7 @@ class Run:
         # from the same context over and over, do not rebuild the same baggage every time.
         self._worker_parent: tuple[Context, Context] | None = None
         otlp_sinks = dict(otlp_sinks or {})
+        self.periodic_sinks = list(periodic_sinks)  # the OTEL_*_EXPORTER sinks that take gauges each interval
         self.observability_sinks = [*otlp_sinks.values(), *periodic_sinks]
         for sink in self.all_sinks:
             sink.start(sink_spool(sink, settings, self.pid), sink.policy or settings.delivery)

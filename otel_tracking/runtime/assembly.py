@@ -1,0 +1,64 @@
+"""A driver's run put together: backend names and settings in, a :class:`Run` with its sinks out.
+
+``Tracking()`` (``api/facade.py``) takes the user's arguments and calls the two steps here, in order:
+
+1. :func:`check_backends`: everything that can be found wrong without opening anything (a missing
+   package, a bad tracker setting, an ``OTEL_*_EXPORTER`` name that is nothing), so that a failed
+   ``Tracking()`` leaves nothing open and nothing written;
+2. :func:`open_run`: the tracker bridges in the bridge process (``bridges/process.py``) when it is
+   on, else here; the sinks named by ``OTEL_*_EXPORTER``; the OTLP sinks; the file and console
+   sinks last, as nothing after them can fail.  If anything fails, what was built is finished.
+
+A Ray worker or subprocess without ``Tracking`` builds its run in ``distributed/worker.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from otel_tracking.bridges.process import start_bridges
+from otel_tracking.config.settings import Settings
+from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.delivery.registry import (
+    WRITTEN_AT_ONCE,
+    RunConfig,
+    build_checked_sink,
+    build_env_sinks,
+    build_otlp_sinks,
+    check_bridge,
+    check_env_sinks,
+    is_bridge,
+)
+from otel_tracking.runtime.run import Run
+
+
+def check_backends(settings: Settings, names: Sequence[str]) -> None:
+    """Raise (``ConfigError``, ``ImportError`` with the extra to install) for what is wrong with
+    these backends or the ``OTEL_*_EXPORTER`` variables, before anything is opened."""
+    for name in names:
+        if is_bridge(name):
+            check_bridge(name, settings)
+    check_env_sinks(settings, taken=names)
+
+
+def open_run(settings: Settings, names: Sequence[str], config: RunConfig) -> Run:
+    """The run with a sink for each name (``rl_insight`` is the OTLP path, not a sink), in the
+    order named, then those ``OTEL_*_EXPORTER`` asks for; nothing half-built stays behind."""
+    bridges = [name for name in names if is_bridge(name)]
+    built: dict[str, Sink] = {}
+    extra: list[Sink] = []
+    periodic: list[Sink] = []
+    try:
+        if bridges and settings.bridge_process:
+            built.update(zip(bridges, start_bridges(bridges, settings, config), strict=True))
+        local = [name for name in names if name not in built and name != "rl_insight"]
+        for name in sorted(local, key=lambda n: n in WRITTEN_AT_ONCE):
+            built[name] = build_checked_sink(name, settings, config)
+        extra, periodic = build_env_sinks(settings, config, taken=names)
+        otlp = build_otlp_sinks(settings)
+        sinks = [built[name] for name in names if name in built] + extra
+        return Run(settings, sinks, otlp_sinks=otlp, periodic_sinks=periodic)
+    except BaseException:  # no sink open, no bridge process
+        for sink in [*built.values(), *extra, *periodic]:
+            sink.finish(1)
+        raise
