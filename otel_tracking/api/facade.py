@@ -26,10 +26,11 @@ from types import TracebackType
 from typing import Any
 
 from otel_tracking.api.rl_insight import RLInsightLogger, say_where_it_goes
+from otel_tracking.config.run_config import RunConfig, restart_step
 from otel_tracking.config.settings import Settings, build_settings
 from otel_tracking.config.traces_link import traces_link
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.registry import SUPPORTED_BACKENDS, RunConfig, restart_step
+from otel_tracking.delivery.registry import SUPPORTED_BACKENDS
 from otel_tracking.delivery.spool import check_spool_dir
 from otel_tracking.runtime.assembly import check_backends, open_run
 from otel_tracking.runtime.lifecycle import exit_code_for

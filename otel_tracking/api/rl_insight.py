@@ -30,7 +30,7 @@ def say_where_it_goes(settings: Settings) -> None:
     """rl_insight turns OTLP on whether an endpoint is configured or not: without one, a warning
     says where its data goes (the OpenTelemetry default on localhost, where an agent may listen)
     and where what cannot be delivered is kept, as a worker run without an exporter says."""
-    from otel_tracking.delivery.registry import otlp_endpoint
+    from otel_tracking.delivery.otlp_sinks import otlp_endpoint
 
     otlp = settings.otlp
     signals = [s for s in ("traces", "metrics", "logs") if getattr(otlp, s)]
@@ -68,7 +68,7 @@ class RLInsightLogger:
     def init(cls, project_name: str | None = None, experiment_name: str | None = None, config: Any = None) -> None:
         if not cls.enabled() or cls._init_done:
             return
-        from otel_tracking.delivery.registry import build_otlp_sinks
+        from otel_tracking.delivery.otlp_sinks import build_otlp_sinks
         from otel_tracking.distributed.worker import worker_settings
         from otel_tracking.runtime.run import Run
 

@@ -37,9 +37,9 @@ from otel_tracking.bridges.wire import (
     Progress,
     decode_item,
 )
+from otel_tracking.config.run_config import RunConfig
 from otel_tracking.config.settings import Settings
 from otel_tracking.delivery.pipeline import Sink, finish_sinks, flush_sinks
-from otel_tracking.delivery.registry import RunConfig
 
 _ACK_INTERVAL_S = 0.05
 _TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not

@@ -78,10 +78,10 @@ from otel_tracking.bridges.wire import (
     encode_item,
     write_frame,
 )
+from otel_tracking.config.run_config import RunConfig
 from otel_tracking.config.settings import ConfigError, Settings
 from otel_tracking.delivery.engine import HURRY, Ledger, Policy, Worker, item_count, set_aside
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.registry import RunConfig
 from otel_tracking.delivery.spool import Spool
 from otel_tracking.exporters._base import BridgeParts
 from otel_tracking.signals.redact import scrub_text

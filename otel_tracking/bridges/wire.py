@@ -7,7 +7,7 @@ of the dataclasses below.
 Training process -> bridge process (``process.py`` sends, ``child.py`` reads):
 
     Open(settings, config, names, argv)          the first message: open these bridges (config: a
-                                                 registry.RunConfig, redacted, with what bridges
+                                                 run_config.RunConfig, redacted, with what bridges
                                                  use as is, e.g. wandb's proxy; argv scrubbed)
     Item(kind, seq, names, body)                 a log() call ("metrics", body: StepBody), or a
                                                  batch of spans or log records (codec's encoding)
@@ -93,7 +93,7 @@ _POLL_SLICE_S = 0.2  # how often a writer waiting for room looks whether it was 
 @dataclass(frozen=True, slots=True)
 class Open:
     settings: Any  # settings.Settings
-    config: Any  # registry.RunConfig
+    config: Any  # run_config.RunConfig
     names: list[str]
     argv: list[str]
 

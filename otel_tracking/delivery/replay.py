@@ -65,7 +65,9 @@ def _logged_order(path: Path) -> tuple[str, str, int, str]:
 
 
 def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Sink:
-    from otel_tracking.delivery.registry import RunConfig, build_otlp_sinks, build_sink
+    from otel_tracking.config.run_config import RunConfig
+    from otel_tracking.delivery.otlp_sinks import build_otlp_sinks
+    from otel_tracking.delivery.registry import build_sink
 
     e = with_destination(os.environ if env is None else env, header.get("destination") or {})
     name = str(header["sink"])

@@ -142,7 +142,9 @@ def _app_has_provider() -> bool:
 
 def _build(ctx: Context | None) -> Run | None:
     global _disabled_pid
-    from otel_tracking.delivery.registry import RunConfig, build_env_sinks, build_otlp_sinks
+    from otel_tracking.config.run_config import RunConfig
+    from otel_tracking.delivery.env_sinks import build_env_sinks
+    from otel_tracking.delivery.otlp_sinks import build_otlp_sinks
 
     settings = worker_settings(ctx)
     if settings.sdk_disabled:

@@ -80,7 +80,7 @@ class BridgeContext:
     experiment: str
     config: Any = None
     env: Mapping[str, str] = field(default_factory=dict)
-    # Config values the bridge uses as they are (``registry.RunConfig.inputs``: ``wandb_proxy``),
+    # Config values the bridge uses as they are (``run_config.RunConfig.inputs``: ``wandb_proxy``),
     # never to be recorded: ``config`` has them redacted.
     inputs: Mapping[str, str] = field(default_factory=dict)
     run_id: str | None = None

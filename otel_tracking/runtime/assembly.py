@@ -17,18 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from otel_tracking.bridges.process import start_bridges
+from otel_tracking.config.run_config import RunConfig
 from otel_tracking.config.settings import Settings
+from otel_tracking.delivery.env_sinks import build_env_sinks, check_env_sinks
+from otel_tracking.delivery.otlp_sinks import build_otlp_sinks
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.registry import (
-    WRITTEN_AT_ONCE,
-    RunConfig,
-    build_checked_sink,
-    build_env_sinks,
-    build_otlp_sinks,
-    check_bridge,
-    check_env_sinks,
-    is_bridge,
-)
+from otel_tracking.delivery.registry import WRITTEN_AT_ONCE, build_checked_sink, check_bridge, is_bridge
 from otel_tracking.runtime.run import Run
 
 
