@@ -256,8 +256,8 @@ def use_export_interval(run: Any, interval_s: float) -> None:
     import dataclasses
 
     for sink in run.all_sinks:
-        if sink.worker is not None:
-            sink.worker.policy = dataclasses.replace(sink.worker.policy, export_interval_s=interval_s)
+        if sink.queue is not None:
+            sink.queue.policy = dataclasses.replace(sink.queue.policy, export_interval_s=interval_s)
 
 
 def child_paced(spec: dict[str, Any]) -> None:

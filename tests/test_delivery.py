@@ -15,7 +15,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_tracking import Tracking, trace_state
 from otel_tracking.config.policy import Policy
-from otel_tracking.delivery.engine import Worker
+from otel_tracking.delivery.engine import SinkQueue
 from otel_tracking.delivery.spool import Spool, read_spool
 from otel_tracking.signals.steps import StepBatch
 from tests.conftest import free_port, p99_holds
@@ -190,9 +190,9 @@ def test_a_batch_in_flight_at_the_finish_deadline_is_spooled_and_counted(
         handed = 4  # three phases and their step's root span
         assert stats["delivered"] == 0 and stats["dropped"] == 0
         assert stats["spooled"] == handed, stats
-        worker = tracking._run.observability_sinks[0].worker
-        worker._thread.join(30)  # the hung export gives up (its own 3 s timeout) and the thread ends
-        assert not worker._thread.is_alive()
+        queue = tracking._run.observability_sinks[0].queue
+        queue._thread.join(30)  # the hung export gives up (its own 3 s timeout) and the thread ends
+        assert not queue._thread.is_alive()
         late = tracking._run.stats()["otlp-traces"]
         items = ("delivered", "spooled", "dropped")  # ("failed" counts attempts: the late one failed)
         assert {k: late[k] for k in items} == {k: stats[k] for k in items}, "no item counted twice"
@@ -218,40 +218,40 @@ class _Recorder:
 
 
 def test_export_interval_sends_a_busy_sinks_spans_together_and_never_holds_a_flush_or_the_stop() -> None:
-    from otel_tracking.delivery.engine import _MAX_MERGE, Policy, Worker
+    from otel_tracking.delivery.engine import _MAX_MERGE, Policy, SinkQueue
 
     recorder = _Recorder()
-    worker = Worker("spans", recorder.deliver, recorder.count, None, Policy(export_interval_s=60.0))
-    worker.submit("spans", [0])  # the first one after a quiet time leaves at once
+    queue = SinkQueue("spans", recorder.deliver, recorder.count, None, Policy(export_interval_s=60.0))
+    queue.submit("spans", [0])  # the first one after a quiet time leaves at once
     wait_for(lambda: recorder.exports == [1], what="the first span exported alone")
     for i in range(20):  # inside the interval: held, then sent in one export
-        worker.submit("spans", [i])
-    assert worker.flush(10.0), "flush() waited for the export interval"
+        queue.submit("spans", [i])
+    assert queue.flush(10.0), "flush() waited for the export interval"
     assert recorder.exports == [1, 20]
     for i in range(_MAX_MERGE + 10):  # a full export's worth waiting ends the hold
-        worker.submit("spans", [i])
+        queue.submit("spans", [i])
     wait_for(lambda: sum(recorder.exports) == 21 + _MAX_MERGE, what="a full export sent without waiting")
-    worker.submit("spans", [0])
-    worker.submit("logs", [0])
-    worker.stop(10.0)  # stopping does not wait for the interval either
+    queue.submit("spans", [0])
+    queue.submit("logs", [0])
+    queue.stop(10.0)  # stopping does not wait for the interval either
     assert sum(recorder.exports) == 21 + _MAX_MERGE + 10 + 2
     assert "spooled" not in recorder.counts and "dropped" not in recorder.counts
 
 
 def test_without_export_interval_each_span_leaves_at_once() -> None:
     from otel_tracking.config.policy import Policy
-    from otel_tracking.delivery.engine import Worker
+    from otel_tracking.delivery.engine import SinkQueue
 
     recorder = _Recorder()
-    worker = Worker("spans", recorder.deliver, recorder.count, None, Policy())
+    queue = SinkQueue("spans", recorder.deliver, recorder.count, None, Policy())
     for n in range(1, 4):
-        worker.submit("spans", [n])
+        queue.submit("spans", [n])
         wait_for(lambda n=n: len(recorder.exports) == n, what=f"span {n} exported on its own")
-    worker.stop(10.0)
+    queue.stop(10.0)
     assert recorder.exports == [1, 1, 1]
 
 
-# --- a worker held while its backend opens ----------------------------------------------------------
+# --- a queue held while its backend opens -----------------------------------------------------------
 
 
 def _step(step: int) -> StepBatch:
@@ -261,7 +261,7 @@ def _step(step: int) -> StepBatch:
 def test_a_held_worker_delivers_what_waited_for_it_in_order_once_released() -> None:
     delivered: list[int] = []
     done: list[int] = []
-    worker = Worker(
+    queue = SinkQueue(
         "w",
         lambda kind, batch: delivered.append(batch.step) or True,
         lambda f, n: None,
@@ -270,14 +270,14 @@ def test_a_held_worker_delivers_what_waited_for_it_in_order_once_released() -> N
         held=True,
     )
     for step in range(10):
-        worker.submit("metrics", _step(step), token=step)
-    assert not worker.flush(0.2) and delivered == [] and done == []  # held: nothing taken, nothing acknowledged
-    assert worker.release()
-    assert worker.flush(10)
+        queue.submit("metrics", _step(step), token=step)
+    assert not queue.flush(0.2) and delivered == [] and done == []  # held: nothing taken, nothing acknowledged
+    assert queue.release()
+    assert queue.flush(10)
     assert delivered == list(range(10)) and done == list(range(10))
-    assert not worker.give_up()  # it opened: giving up now changes nothing
-    worker.submit("metrics", _step(10), token=10)
-    worker.stop(10)
+    assert not queue.give_up()  # it opened: giving up now changes nothing
+    queue.submit("metrics", _step(10), token=10)
+    queue.stop(10)
     assert delivered == list(range(11))
 
 
@@ -288,7 +288,7 @@ def test_a_held_worker_spools_overflow_at_once_and_everything_once_given_up(tmp_
     counts: Counter[str] = Counter()
     done: list[int] = []
     spool = Spool(tmp_path / "w.jsonl", {"sink": "w"})
-    worker = Worker(
+    queue = SinkQueue(
         "w",
         lambda kind, batch: True,
         lambda field, n: counts.update({field: n}),
@@ -298,13 +298,13 @@ def test_a_held_worker_spools_overflow_at_once_and_everything_once_given_up(tmp_
         held=True,
     )
     for step in range(8):
-        worker.submit("metrics", _step(step), token=step)
+        queue.submit("metrics", _step(step), token=step)
     assert done == [0, 1, 2] and counts == {"spooled": 3}  # the overflow, at once: the oldest
-    assert worker.give_up()
-    assert not worker.release()  # given up first: it stays given up
-    worker.submit("metrics", _step(8), token=8)
-    assert worker.flush(10)
-    worker.stop(10)
+    assert queue.give_up()
+    assert not queue.release()  # given up first: it stays given up
+    queue.submit("metrics", _step(8), token=8)
+    assert queue.flush(10)
+    queue.stop(10)
     assert sorted(done) == list(range(9)) and counts == {"spooled": 9}
     _, items = read_spool(tmp_path / "w.jsonl")
     steps = [
@@ -313,14 +313,14 @@ def test_a_held_worker_spools_overflow_at_once_and_everything_once_given_up(tmp_
         for metric in data.resource_metrics[0].scope_metrics[0].metrics
         if metric.name == "train.step"
     ]
-    # The oldest overflowed first, then what waited (and step 8, racing the worker's spooling of it)
+    # The oldest overflowed first, then what waited (and step 8, racing the queue thread's spooling of it)
     assert steps[:3] == [0, 1, 2] and sorted(steps) == list(range(9))
 
 
 def test_a_worker_still_held_at_stop_waits_until_the_deadline_then_spools(tmp_path: Path) -> None:
     counts: Counter[str] = Counter()
     done: list[int] = []
-    worker = Worker(
+    queue = SinkQueue(
         "w",
         lambda kind, batch: True,
         lambda f, n: counts.update({f: n}),
@@ -329,10 +329,10 @@ def test_a_worker_still_held_at_stop_waits_until_the_deadline_then_spools(tmp_pa
         held=True,
     )
     for step in range(3):
-        worker.submit("metrics", _step(step), token=step)
-    stopping = threading.Thread(target=worker.stop, args=(0.2,), daemon=True)
+        queue.submit("metrics", _step(step), token=step)
+    stopping = threading.Thread(target=queue.stop, args=(0.2,), daemon=True)
     stopping.start()
     stopping.join(30)  # (waiting for an open that never comes would hang here)
     assert not stopping.is_alive()
     assert counts == {"spooled": 3} and sorted(done) == [0, 1, 2]
-    assert not worker.release()  # an open that comes after stop() delivers nothing
+    assert not queue.release()  # an open that comes after stop() delivers nothing

@@ -216,7 +216,7 @@ for _ in range(50):
     with trace_state("covered_work"):
         pass
 run = current_run()
-intervals = {s.worker.policy.export_interval_s for s in run.all_sinks if s.worker is not None}
+intervals = {s.queue.policy.export_interval_s for s in run.all_sinks if s.queue is not None}
 expected = COVERED_EXPORT_INTERVAL_S
 if "OTEL_BSP_SCHEDULE_DELAY" in os.environ:
     expected = float(os.environ["OTEL_BSP_SCHEDULE_DELAY"]) / 1000

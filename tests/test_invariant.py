@@ -5,7 +5,7 @@ For a sink's worker, at every moment: handed = delivered + in flight + queued + 
 (counted, only when the spool itself cannot be written), or both arrived and was spooled (an
 export that hung past the finish deadline and then succeeded: at least once, counted once).
 
-Hypothesis drives a real ``Sink`` + ``Worker`` + ``Spool`` with injected faults: an exporter that
+Hypothesis drives a real ``Sink`` + ``SinkQueue`` + ``Spool`` with injected faults: an exporter that
 succeeds, fails, raises or hangs (until released), queue sizes from 1, one to three attempts,
 with and without an export interval, flushes and a stop at random deadlines, a spool that can or
 cannot be written.  The exporter is
@@ -83,8 +83,8 @@ class DeliveryMachine(RuleBasedStateMachine):
             export_interval_s=interval,
         )
         self.sink.start(Spool(path, {"sink": "t"}), policy)
-        self.worker = self.sink.worker
-        assert self.worker is not None
+        self.queue = self.sink.queue
+        assert self.queue is not None
         self.spool_path = path
         self.names: list[str] = []
         self.stopped = False
@@ -107,7 +107,7 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     @rule(timeout=st.floats(0, 0.05))
     def flush(self, timeout: float) -> None:
-        self.worker.flush(timeout)
+        self.queue.flush(timeout)
 
     @precondition(lambda self: not self.stopped)
     @rule(deadline=st.floats(0, 0.1))
@@ -117,7 +117,7 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_item_is_somewhere(self) -> None:
-        ledger = self.worker.snapshot()
+        ledger = self.queue.snapshot()
         assert ledger.handed == len(self.names)
         assert ledger.balanced(), ledger
         assert min(ledger.queued, ledger.in_flight, ledger.delivered, ledger.spooled, ledger.dropped) >= 0, ledger
@@ -128,9 +128,9 @@ class DeliveryMachine(RuleBasedStateMachine):
                 self.sink.finish(0, timeout_s=0.05)
             self.exporter.mode = "ok"
             self.exporter.release.set()
-            self.worker._thread.join(30)
-            ledger = self.worker.snapshot()
-            assert not self.worker._thread.is_alive()
+            self.queue._thread.join(30)
+            ledger = self.queue.snapshot()
+            assert not self.queue._thread.is_alive()
             assert ledger.queued == ledger.in_flight == 0 and ledger.balanced(), ledger
             stats = self.sink.stats
             assert (stats.delivered, stats.spooled, stats.dropped) == (ledger.delivered, ledger.spooled, ledger.dropped)

@@ -1,6 +1,6 @@
 """Batching across steps for MLflow (issue 22), as a model-based test.
 
-Hypothesis drives the real delivery path of one tracker sink: ``Sink`` + ``Worker`` + ``Spool``
+Hypothesis drives the real delivery path of one tracker sink: ``Sink`` + ``SinkQueue`` + ``Spool``
 and the real ``MlflowSession`` packing queued steps into ``log_batch`` requests in lanes.
 The MLflow client is the only stand-in, because it is where faults are injected: it checks every
 request with MLflow's own validators (``_validate_batch_log_limits``, the request's JSON as
@@ -138,11 +138,11 @@ def test_any_steps_any_faults_every_point_once_within_the_limits_in_order(
             scalars = {key: float(index * 1000 + position) for position, key in enumerate(names)}
             logged += [(key, step, value) for key, value in scalars.items()]
             sink.export_metrics(StepBatch(RESOURCE, step, scalars, {}, 1_700_000_000_000_000_000 + index))
-        assert sink.worker is not None
-        sink.worker.release()
-        assert sink.worker.flush(30)  # every attempt made (finish() would allow only one more each)
+        assert sink.queue is not None
+        sink.queue.release()
+        assert sink.queue.flush(30)  # every attempt made (finish() would allow only one more each)
         sink.finish(0, timeout_s=30)
-        ledger = sink.worker.snapshot()
+        ledger = sink.queue.snapshot()
         assert ledger.balanced() and ledger.queued == ledger.in_flight == ledger.dropped == 0, ledger
         assert ledger.delivered + ledger.spooled == len(calls)
 
@@ -211,8 +211,8 @@ def test_queued_steps_go_together_in_requests_of_up_to_a_thousand_metrics() -> N
     names = [f"actor/metric_{i}" for i in range(200)]
     for step in range(50):
         sink.export_metrics(StepBatch(RESOURCE, step, dict.fromkeys(names, float(step)), {}, step))
-    assert sink.worker is not None
-    sink.worker.release()
+    assert sink.queue is not None
+    sink.queue.release()
     sink.finish(0, timeout_s=30)
     assert sink.stats.delivered == 50
     assert sorted(client.arrived) == sorted((k, s, float(s)) for s in range(50) for k in names)

@@ -150,9 +150,9 @@ def _feed(
             case Item():
                 payload = decode_item(message, resource)
                 for name in message.names:  # the training process already chose the sinks (and events)
-                    worker = sinks[name].worker
-                    assert worker is not None
-                    worker.submit(message.kind, payload, token=(message.seq, name))
+                    queue = sinks[name].queue
+                    assert queue is not None
+                    queue.submit(message.kind, payload, token=(message.seq, name))
             case Flush():
                 deadline = time.monotonic() + message.timeout_s
                 replies.send(Flushed(flush_sinks(list(sinks.values()), deadline), message.request))
@@ -187,11 +187,11 @@ class _Watchdog:
 
 class _Outbox:
     """The child's answers to the training process: replies, and the acknowledgements the sinks'
-    workers report (or, while a group of items is under way, that a backend took part of it), sent
+    queues report (or, while a group of items is under way, that a backend took part of it), sent
     together every ``_ACK_INTERVAL_S`` by one small thread.
 
-    Two locks: ``_lock`` guards the pending acknowledgements for an instant, so a sink's worker
-    that reports one (under its own queue's lock) never waits on the pipe; ``_send_lock`` orders
+    Two locks: ``_lock`` guards the pending acknowledgements for an instant, so a sink's queue
+    thread that reports one (under its own queue's lock) never waits on the pipe; ``_send_lock`` orders
     the writes, and acknowledgements are taken only under it, so a reply never overtakes those
     reported before it."""
 

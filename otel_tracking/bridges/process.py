@@ -7,13 +7,13 @@ costs ``log()`` tens of milliseconds at the 99th percentile with every local bac
 child process it costs nothing but handing the step over.
 
     training process                                      bridge process (nice +10)
-    log() -> RemoteSink --> Worker [queue] -> pipe export --pipe--> Sink (worker, retry, spool) -> wandb
-             RemoteSink --'  one message per log() call  [window]   '-> Sink (worker, retry, spool) -> MLflow
+    log() -> RemoteSink --> SinkQueue [queue] -> pipe export --pipe--> Sink (queue, retry, spool) -> wandb
+             RemoteSink --'  one message per log() call  [window]   '-> Sink (queue, retry, spool) -> MLflow
 
 The training process sends each log() call once (to all the bridges it is for), spans and log
 records as the spool encodes them; the child hands them to ordinary :class:`Sink` objects, so
 retry, degraded state and spool work exactly as in one process.  On this side the link is an
-exporter behind the same :class:`~otel_tracking.delivery.engine.Worker` every sink has (its bounded
+exporter behind the same :class:`~otel_tracking.delivery.engine.SinkQueue` every sink has (its bounded
 queue, flush, stop while it makes progress, ledger, set-aside); its export writes a message to
 the pipe (without blocking beyond a deadline, ``wire.write_frame``) and leaves it in the
 acknowledgement window, and completes asynchronously: a second pipe carries the child's answers
@@ -80,7 +80,7 @@ from otel_tracking.bridges.wire import (
 )
 from otel_tracking.config.run_config import RunConfig
 from otel_tracking.config.settings import ConfigError, Settings
-from otel_tracking.delivery.engine import HURRY, Ledger, Policy, Worker, item_count, set_aside
+from otel_tracking.delivery.engine import HURRY, Ledger, Policy, SinkQueue, item_count, set_aside
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.spool import Spool
 from otel_tracking.exporters._base import BridgeParts
@@ -88,7 +88,7 @@ from otel_tracking.signals.redact import scrub_text
 
 logger = logging.getLogger("otel_tracking")
 
-_LINK = "message"  # the link's worker carries one kind of item: a _Message (counted one each)
+_LINK = "message"  # the link's queue carries one kind of item: a _Message (counted one each)
 
 
 class _Message:
@@ -112,11 +112,11 @@ class BridgeProcess:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.sinks: dict[str, RemoteSink] = {}
-        # The link is an exporter behind a delivery.Worker, the engine every sink has (bounded
+        # The link is an exporter behind a delivery.SinkQueue, the engine every sink has (bounded
         # queue, flush, stop while it makes progress, ledger): its export writes a message to the
         # pipe; what is written waits in the acknowledgement window (_unacked) until the child says
         # each of its sinks is done with it, and goes to the spool if the child dies first.
-        self._worker: Worker | None = None  # started once the start window has closed
+        self._queue: SinkQueue | None = None  # started once the start window has closed
         self._ack_lock = threading.Lock()  # guards what is unacknowledged, and _dead
         self._gone_lock = threading.Lock()  # held while a dead child's unacknowledged items are spooled
         self._send_lock = threading.Lock()  # one writer on the pipe (it may block: never under _lock)
@@ -212,7 +212,9 @@ class BridgeProcess:
                 "It opens" if len(still_opening) == 1 else "They open",
             )
         policy = Policy(queue_size=settings.delivery.queue_size, max_attempts=1, probe_interval_s=0.0)
-        self._worker = Worker("bridge-link", self._hand_over, lambda field, n: None, None, policy, set_aside=self._keep)
+        self._queue = SinkQueue(
+            "bridge-link", self._hand_over, lambda field, n: None, None, policy, set_aside=self._keep
+        )
         return [self.sinks[name] for name in names]
 
     def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, Opened | Failed], bool]:
@@ -263,23 +265,23 @@ class BridgeProcess:
 
     def submit(self, names: Sequence[str], kind: str, payload: Any) -> None:
         """Hand one item to the named bridges (pipeline.export_to gathers them); never blocks."""
-        assert self._worker is not None, "the remote sinks exist once open() has started the link"
-        self._worker.submit(_LINK, _Message(kind, payload, names))
+        assert self._queue is not None, "the remote sinks exist once open() has started the link"
+        self._queue.submit(_LINK, _Message(kind, payload, names))
 
     def wait_handed(self, timeout_s: float) -> bool:
         """Wait until every item so far is on the pipe (or spooled); False on timeout."""
-        return self._worker is None or self._worker.flush(timeout_s)
+        return self._queue is None or self._queue.flush(timeout_s)
 
     def ledger(self) -> Ledger:
         """The link's per-instant ledger, in messages (one per item, for all its bridges):
         ``delivered`` is "on the pipe", awaiting acknowledgement or acknowledged."""
-        return self._worker.snapshot() if self._worker is not None else Ledger()
+        return self._queue.snapshot() if self._queue is not None else Ledger()
 
     # --- the link's export: onto the pipe, into the window ----------------------------------------
 
     def _hand_over(self, kind: str, message: _Message) -> bool:
         """Write one message to the pipe, kept in the window until acknowledged; False (the
-        worker sets it aside) when the child is gone."""
+        queue sets it aside) when the child is gone."""
         with self._ack_lock:
             if self._dead:
                 return False
@@ -295,8 +297,8 @@ class BridgeProcess:
 
     def _keep(self, kind: str, message: _Message) -> str:
         """Spool a message for each bridge still waiting for it (every one, if it never reached the
-        pipe); whoever comes first (the link's worker giving it up, the child's death) spools it,
-        and only once.  Its outcome for the worker's ledger."""
+        pipe); whoever comes first (the link's queue giving it up, the child's death) spools it,
+        and only once.  Its outcome for the queue's ledger."""
         with self._ack_lock:
             names = message.names if message.pending is None else tuple(sorted(message.pending))
             message.pending = set()
@@ -474,8 +476,8 @@ class BridgeProcess:
         if self._finished:
             return
         self._finished = True
-        if self._worker is not None:  # onto the pipe while the child takes it; what it does not take is spooled
-            self._worker.stop(timeout_s)
+        if self._queue is not None:  # onto the pipe while the child takes it; what it does not take is spooled
+            self._queue.stop(timeout_s)
         finished: Finished | None = self._request(
             Finish(exit_code, timeout_s), Finished, timeout_s + GRACE_S, while_acked=True
         )

@@ -1,3 +1,3 @@
-"""Getting OTel data out: the delivery engine (queue, worker, retry, spool), sinks, the JSON codec, the
+"""Getting OTel data out: the delivery engine (a queue and its thread, retry, spool), sinks, the JSON codec, the
 backend registry, replay. Imports exporters, config, signals.
 """

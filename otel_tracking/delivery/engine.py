@@ -1,7 +1,7 @@
-"""Off the training thread: one bounded queue and one worker thread per sink, retry with backoff,
+"""Off the training thread: one bounded queue and one thread per sink (a ``SinkQueue``), retry with backoff,
 and a spool on disk for what the sink cannot take.
 
-    log() --submit()--> [bounded queue] --worker--> exporter.export()  (retried with backoff)
+    log() --submit()--> [bounded queue] --thread--> exporter.export()  (retried with backoff)
                              | full                     | still failing
                              v                          v
                            spool (JSONL on disk, 0600; ``otel-tracking replay`` delivers it later)
@@ -24,7 +24,7 @@ whether it landed, or what of it did not (the rest of a step split over requests
 is retried or spooled, so no point is sent twice.  The items are settled (and acknowledged) when
 the call returns; each request that lands before that counts as the backend's progress.
 
-A worker can start *held*, for a backend that is still opening: its queue keeps what comes (a full
+A queue can start *held*, for a backend that is still opening: its queue keeps what comes (a full
 queue spools, as always) and its thread waits; ``release()`` (opened) delivers it all in order,
 ``give_up()`` (failed, or nobody waits any more) spools it and everything after.
 """
@@ -109,7 +109,7 @@ def set_aside(sink: str, spool: Spool | None, kind: str, payload: Any, count: Ca
 
 @dataclass
 class Ledger:
-    """Where every item handed to a worker is, counted under the worker's lock, so that at every
+    """Where every item handed to a queue is, counted under the queue's lock, so that at every
     moment ``handed == delivered + in_flight + queued + spooled + dropped``."""
 
     handed: int = 0
@@ -134,7 +134,7 @@ class Ledger:
         return self.handed == self.delivered + self.in_flight + self.queued + self.spooled + self.dropped
 
 
-class Worker:
+class SinkQueue:
     """The queue and thread of one sink.  ``deliver(kind, payload) -> bool`` is the sink's guarded
     export call; ``count(field, n)`` updates the sink's stats; ``done(token, outcome)``, when given,
     hears of every submitted item that reached its end (``outcome``: "delivered", "spooled" or
@@ -229,7 +229,7 @@ class Worker:
     # --- the training thread's side --------------------------------------------------------------
 
     def submit(self, kind: str, payload: Any, token: Any = None) -> None:
-        """Queues the item without waiting for the backend: a full queue (or a stopped worker) spools
+        """Queues the item without waiting for the backend: a full queue (or a stopped queue) spools
         it instead (a local write, under the lock)."""
         n = item_count(kind, payload)
         with self._lock:
@@ -248,9 +248,9 @@ class Worker:
             self._items.append((kind, payload, token))
             self.ledger.queued += n
             if len(self._items) == 1 or len(self._items) >= _MAX_MERGE:
-                self._lock.notify_all()  # the worker waits for a first item, or holds a full export
+                self._lock.notify_all()  # the thread waits for a first item, or holds a full export
 
-    # --- the worker's side -----------------------------------------------------------------------
+    # --- the queue thread's side----------------------------------------------------------------------
 
     def _take(self) -> tuple[str, list[_Entry]] | None:
         """The next item (same-kind spans or log records merged, up to _MAX_MERGE; with
@@ -303,8 +303,8 @@ class Worker:
             kind, entries = item
             try:
                 self._attempt(kind, entries)
-            except Exception:  # the worker must never die: keep the items and go on
-                logger.exception("otel-tracking: sink %r worker error", self.name)
+            except Exception:  # the thread must never die: keep the items and go on
+                logger.exception("otel-tracking: sink %r queue thread error", self.name)
                 for entry in list(entries):
                     self._settle(kind, entry, delivered=False)
             with self._lock:
@@ -406,7 +406,7 @@ class Worker:
         """Wait until everything submitted so far was handled; False on timeout."""
         with self._lock:
             self._hurry += 1
-            self._lock.notify_all()  # a worker holding items for the export interval sends them now
+            self._lock.notify_all()  # a thread holding items for the export interval sends them now
             try:
                 return self._lock.wait_for(lambda: not self._items and self._inflight is None, timeout_s)
             finally:
@@ -420,7 +420,7 @@ class Worker:
         until = time.monotonic() + wait_s
         with self._lock:
             self._hurry += 1
-            self._lock.notify_all()  # a worker holding items for the export interval sends them now
+            self._lock.notify_all()  # a thread holding items for the export interval sends them now
             try:
                 while self._items or self._inflight is not None:
                     now = time.monotonic()

@@ -2,7 +2,7 @@
 
 The exporters read endpoint, headers and TLS from the standard ``OTEL_EXPORTER_OTLP_*`` variables
 themselves.  Here: which URL each signal goes to (:func:`otlp_endpoint`, for the spool header,
-so that replay sends to the same endpoint), one try per export (the sink's worker retries, not the
+so that replay sends to the same endpoint), one try per export (the sink's queue retries, not the
 exporter), a CA file that wins over ``REQUESTS_CA_BUNDLE``, and one warning at start when nothing
 listens at the endpoint.
 """
@@ -59,7 +59,7 @@ def build_otlp_sinks(settings: Settings, remembered: Mapping[str, str] | None = 
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
 
     if otlp.protocol != "grpc":
-        # requests imports netrc on a session's first request, on our worker thread: a fork() in
+        # requests imports netrc on a session's first request, on our queue thread: a fork() in
         # the middle of that import leaves the module's import lock held in the child, whose own
         # exports then hang on it forever.  Import it now, before any worker runs.
         import netrc  # noqa: F401

@@ -4,8 +4,8 @@ A :class:`Sink` is one backend (file, console, wandb, OTLP, ...): up to three sm
 exporters that share a backend session.  This layer hands them data and keeps one backend's
 failure or slowness from reaching the training loop or the other backends.  Every export is
 guarded and counted; a sink whose data must be on disk when ``log()`` returns (file, console) is
-called inline, every other sink gets a :class:`~otel_tracking.delivery.engine.Worker` (bounded queue,
-retry with backoff, spool).  Of the threads that export, the workers live in ``engine.py``, the
+called inline, every other sink gets a :class:`~otel_tracking.delivery.engine.SinkQueue` (bounded queue,
+retry with backoff, spool).  Of the threads that export, the sink queues live in ``engine.py``, the
 periodic OTLP gauge export is the SDK's reader (:func:`periodic_export`), and the bridge process's
 link and child, the SIGTERM watcher (``runtime/lifecycle.py``) and the actor drain
 (``distributed/drain.py``) have their own (the README's "Never block, never lose" lists them).
@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from otel_tracking.config.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord, periodic_reader
 from otel_tracking.config.policy import Policy
-from otel_tracking.delivery.engine import Worker, item_count
+from otel_tracking.delivery.engine import SinkQueue, item_count
 from otel_tracking.delivery.spool import Spool
 from otel_tracking.exporters._base import BridgeParts
 from otel_tracking.signals import semconv
@@ -121,7 +121,7 @@ def _method(exporter: Any, name: str) -> Callable[..., Any] | None:
 
 
 class Sink:
-    """One backend, guarded and counted; inline or behind a worker.  ``parts``: its exporters, the
+    """One backend, guarded and counted; inline or behind a queue.  ``parts``: its exporters, the
     call that ends its run, where it writes, how to reattach (what a bridge's ``open_bridge``
     returns); none yet for a bridge still opening (:meth:`attach`).  ``inline``: called on the
     caller's thread (file, console: on disk when log() returns).  ``named_events_only``: an ML
@@ -147,7 +147,7 @@ class Sink:
         self.on_resume: Callable[[str, dict[str, Any] | None], Any] | None = None
         self.carrier: Carrier | None = None  # set when its exporters are elsewhere (see export_to)
         self.stats = SinkStats()
-        self.worker: Worker | None = None
+        self.queue: SinkQueue | None = None
         self._lock = threading.Lock()
         self._warned = False
         self._finished = False
@@ -168,12 +168,12 @@ class Sink:
         held: bool = False,
         progressed: Callable[[], None] | None = None,
     ) -> None:
-        """Give a non-inline sink its worker (the run does this once its spool path is known);
+        """Give a non-inline sink its queue (the run does this once its spool path is known);
         ``done(token, outcome)`` hears when each item submitted with a token reached its end, and
         ``progressed()`` when part of a group of them landed.  A ``held`` sink's backend is still
         opening: its queue keeps what comes until :meth:`attach`."""
-        if not self.inline and self.worker is None:
-            self.worker = Worker(
+        if not self.inline and self.queue is None:
+            self.queue = SinkQueue(
                 self.name,
                 self.deliver,
                 self.count,
@@ -186,7 +186,7 @@ class Sink:
             )
 
     def attach(self, parts: BridgeParts) -> bool:
-        """Take the exporters of the bridge that just opened; a held worker then delivers what
+        """Take the exporters of the bridge that just opened; a held queue then delivers what
         waited, in order (or spools it, when the bridge opened with nothing to write to: MLflow
         not reachable).  False when the sink was finished first: the caller ends the late run."""
         with self._lock:
@@ -195,24 +195,24 @@ class Sink:
             self._take(parts)
         if self.on_resume is not None:
             self.on_resume(self.name, parts.resume)
-        if self.worker is not None:
-            if self.worker.spool is not None:  # replay reattaches to this run (if nothing was spooled yet)
-                self.worker.spool.header["resume"] = parts.resume
+        if self.queue is not None:
+            if self.queue.spool is not None:  # replay reattaches to this run (if nothing was spooled yet)
+                self.queue.spool.header["resume"] = parts.resume
             if not any(self.exporters):
-                self.worker.give_up()
+                self.queue.give_up()
             else:
-                self.worker.release()
+                self.queue.release()
         return True
 
     def give_up(self) -> None:
         """The backend of a held sink will not open (it failed, or nobody waits for it any more):
         what waited for it, and everything after, is spooled.  Nothing changes once it opened."""
-        if self.worker is not None:
-            self.worker.give_up()
+        if self.queue is not None:
+            self.queue.give_up()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until what was handed to this sink so far is delivered or spooled."""
-        return self.worker.flush(timeout_s) if self.worker is not None else True
+        return self.queue.flush(timeout_s) if self.queue is not None else True
 
     @property
     def metrics(self) -> Any:
@@ -236,7 +236,7 @@ class Sink:
 
     def deliver(self, kind: str, payload: Any) -> bool:
         """One guarded export call; True when the backend took it (the caller counts it delivered:
-        the worker, which may have given the item up meanwhile, or the inline path)."""
+        the queue thread, which may have given the item up meanwhile, or the inline path)."""
         exporters = self.exporters
         try:
             if kind != "metrics":
@@ -254,7 +254,7 @@ class Sink:
         return True
 
     def deliver_many(self, kind: str, payloads: list[Any], progress: Callable[[], None] = lambda: None) -> list[Any]:
-        """Several queued items in one call, for the worker: for each, True when it landed, False
+        """Several queued items in one call, for the queue thread: for each, True when it landed, False
         when nothing of it did, or the step of what did not (a ``StepBatch`` of those scalars).  An
         exporter with a bulk path (``export_many``: MLflow packs steps into requests of up to 1,000
         metrics) gets them all, and calls ``progress()`` as each of its requests lands; any other gets
@@ -287,8 +287,8 @@ class Sink:
     def _submit(self, kind: str, payload: Any) -> None:
         if self.carrier is not None:
             self.carrier.submit([self.name], kind, payload)
-        elif self.worker is not None:
-            self.worker.submit(kind, payload)
+        elif self.queue is not None:
+            self.queue.submit(kind, payload)
         elif self.deliver(kind, payload):
             self.count("delivered", item_count(kind, payload))
 
@@ -334,9 +334,9 @@ class Sink:
         if self._finished:
             return
         self._finished = True
-        if self.worker is not None:
+        if self.queue is not None:
             # a backend still opening is waited for until the timeout, then given up
-            self.worker.stop(timeout_s, since)
+            self.queue.stop(timeout_s, since)
         with self._lock:
             self._sealed = True
         exporters = self.exporters
@@ -355,10 +355,10 @@ class Sink:
                 self._on_finish(exit_code)
             except Exception as error:
                 self._count_failure("finish", error)
-        elif self.worker is not None and self.worker.never_opened:
+        elif self.queue is not None and self.queue.never_opened:
             # Its backend never opened: replay makes its run from the spool, and ends it as this
             # run ended (a crash stays a crash).
-            spool = self.worker.spool
+            spool = self.queue.spool
             if spool is not None and spool.path.exists():
                 with contextlib.suppress(OSError):
                     spool.end(exit_code)
@@ -390,21 +390,21 @@ PROGRESS_AFTER_S = 5.0  # finish() says what it is waiting for once it has drain
 
 def drain_sinks(sinks: Sequence[Sink], stall_s: float, since: float) -> None:
     """Wait for every sink's queue at once, each for as long as its backend makes progress (see
-    ``Worker.drain``): a backend that delivered nothing for ``stall_s`` is no longer waited for.
+    ``SinkQueue.drain``): a backend that delivered nothing for ``stall_s`` is no longer waited for.
     Every ``PROGRESS_AFTER_S`` one line says which backends are still delivering."""
-    waiting = [sink for sink in sinks if sink.worker is not None]
+    waiting = [sink for sink in sinks if sink.queue is not None]
     next_line = since + PROGRESS_AFTER_S
     while waiting:
-        worker = waiting[0].worker
-        assert worker is not None
-        state = worker.drain(stall_s, since, wait_s=max(0.0, next_line - time.monotonic()))
+        queue = waiting[0].queue
+        assert queue is not None
+        state = queue.drain(stall_s, since, wait_s=max(0.0, next_line - time.monotonic()))
         if state != "moving":
             waiting.pop(0)
             continue
         now = time.monotonic()
         if now >= next_line:
             next_line = now + PROGRESS_AFTER_S
-            left = ", ".join(f"{s.name} ({s.worker.backlog()} items left)" for s in waiting if s.worker is not None)
+            left = ", ".join(f"{s.name} ({s.queue.backlog()} items left)" for s in waiting if s.queue is not None)
             logger.warning(
                 "otel-tracking: finishing for %.0f s: still delivering to %s; waiting while they make progress "
                 "(what a backend that delivers nothing for %g s still holds is spooled)",

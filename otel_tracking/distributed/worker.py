@@ -176,8 +176,8 @@ def export_less_often(run: Run | None = None) -> None:
     if run is None or not run.process_worker or "OTEL_BSP_SCHEDULE_DELAY" in os.environ:
         return
     for sink in run.all_sinks:
-        if sink.worker is not None and sink.worker.policy.export_interval_s == WORKER_EXPORT_INTERVAL_S:
-            sink.worker.hold_for(COVERED_EXPORT_INTERVAL_S)
+        if sink.queue is not None and sink.queue.policy.export_interval_s == WORKER_EXPORT_INTERVAL_S:
+            sink.queue.hold_for(COVERED_EXPORT_INTERVAL_S)
 
 
 def _finish(ref: weakref.ref[Run]) -> None:

@@ -319,7 +319,7 @@ class Run:
         targets = self.sinks if backends is None else [s for s in self.sinks if s.name in backends]
         if targets:
             # One compact StepBatch for every sink: step exporters take its record directly, any
-            # other metric exporter gets the MetricsData built from it (in its worker, if queued).
+            # other metric exporter gets the MetricsData built from it (in its queue thread, if queued).
             order = tuple(data) if scalars and others else None  # the file sink writes the caller's order
             batch = StepBatch(
                 self.resource, step, scalars, others, now, order, others_json, as_logged, step_as_logged(given_step)

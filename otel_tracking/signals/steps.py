@@ -99,7 +99,7 @@ class StepBatch:
     """One log() call as the sinks get it: a handful of objects instead of the ~800 of its
     ``MetricsData`` (a backlog of those in the queues made every full garbage collection, and so
     the training loop, pause longer).  Our step exporters take :meth:`record` directly; any other
-    metric exporter gets :meth:`metrics_data`, built when it exports (in its worker, if queued)."""
+    metric exporter gets :meth:`metrics_data`, built when it exports (in its queue thread, if queued)."""
 
     resource: Resource
     step: int
