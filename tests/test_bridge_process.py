@@ -290,13 +290,13 @@ def test_a_full_link_spools_a_log_call_for_every_bridge_it_was_for(
 def test_a_failure_after_the_bridges_started_leaves_no_process(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Anything that fails in Tracking() after the bridge process started (here the run's own
     construction, an injected fault) takes the bridge process down with it."""
-    from otel_tracking.api import facade
+    from otel_tracking.runtime import assembly
 
     def broken_run(*args: object, **kwargs: object) -> None:
         raise RuntimeError("injected")
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(isolated / "tb"))
-    monkeypatch.setattr(facade, "Run", broken_run)
+    monkeypatch.setattr(assembly, "Run", broken_run)
     before = live_children()
     with pytest.raises(RuntimeError, match="injected"):
         Tracking("proj", "exp", default_backend=["file", "tensorboard"])
