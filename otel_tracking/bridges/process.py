@@ -538,7 +538,7 @@ class RemoteSink(Sink):
         super().__init__(name, BridgeParts(where=info.where, resume=info.resume), named_events_only=True)
         self.info = info
         self.link = link
-        self.carrier = link  # what the run hands it goes to the link, once for all the bridges
+        self.transport = link  # what the run hands it goes to the link, once for all the bridges
         self._spool: Spool | None = None
 
     def start(

@@ -72,8 +72,8 @@ class SinkStats:
 _FAILED = (MetricExportResult.FAILURE, SpanExportResult.FAILURE)
 
 
-class Carrier(Protocol):
-    """What carries items for several sinks at once (the pipe to the bridge process): one item,
+class Transport(Protocol):
+    """What takes items for several sinks at once (the pipe to the bridge process): one item,
     the names of the sinks it is for."""
 
     def submit(self, names: Sequence[str], kind: str, payload: Any) -> None: ...
@@ -145,7 +145,7 @@ class Sink:
         self._take(parts or BridgeParts())
         # Told (name, resume) when a bridge opened after the run started: the run's reattach record.
         self.on_resume: Callable[[str, dict[str, Any] | None], Any] | None = None
-        self.carrier: Carrier | None = None  # set when its exporters are elsewhere (see export_to)
+        self.transport: Transport | None = None  # set when its exporters are elsewhere (see export_to)
         self.stats = SinkStats()
         self.queue: SinkQueue | None = None
         self._lock = threading.Lock()
@@ -285,8 +285,8 @@ class Sink:
         return landed
 
     def _submit(self, kind: str, payload: Any) -> None:
-        if self.carrier is not None:
-            self.carrier.submit([self.name], kind, payload)
+        if self.transport is not None:
+            self.transport.submit([self.name], kind, payload)
         elif self.queue is not None:
             self.queue.submit(kind, payload)
         elif self.deliver(kind, payload):
@@ -366,17 +366,17 @@ class Sink:
 
 def export_to(sinks: Sequence[Sink], kind: str, payload: Any) -> None:
     """Hand one item ("metrics" or "spans") to each of ``sinks`` that takes it; the sinks of one
-    carrier (the trackers in the bridge process) get it as one message for all of them."""
-    carried: dict[int, tuple[Carrier, list[str]]] = {}
+    transport (the trackers in the bridge process) get it as one message for all of them."""
+    shared: dict[int, tuple[Transport, list[str]]] = {}
     for sink in sinks:
         if not sink.takes(kind):
             continue
-        if sink.carrier is None:
+        if sink.transport is None:
             sink._submit(kind, payload)
         else:
-            carried.setdefault(id(sink.carrier), (sink.carrier, []))[1].append(sink.name)
-    for carrier, names in carried.values():
-        carrier.submit(names, kind, payload)
+            shared.setdefault(id(sink.transport), (sink.transport, []))[1].append(sink.name)
+    for transport, names in shared.values():
+        transport.submit(names, kind, payload)
 
 
 def flush_sinks(sinks: Sequence[Sink], deadline: float) -> bool:
