@@ -560,10 +560,11 @@ class RemoteSink(Sink):
     def opened_late(self, info: BridgeInfo) -> None:
         """The bridge opened after the start window: what it was sent meanwhile is delivered now."""
         self.info = info
-        self.where = info.where
         self.resume = info.resume
+        # The run's record first: once the sink says where it writes, a job killed can resume into it.
         if self.on_resume is not None:
             self.on_resume(self.name, self.resume)
+        self.where = info.where
         if self._spool is not None:  # replay of the link's spool reattaches to the same run
             self._spool.header["resume"] = info.resume
         if not (info.metrics or info.spans or info.logs):  # MLflow not reachable, after its attempts

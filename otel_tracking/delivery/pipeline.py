@@ -192,9 +192,13 @@ class Sink:
         with self._lock:
             if self._sealed:
                 return False
-            self._take(parts)
+        # The run's record first: once the sink says where it writes, a job killed can resume into it.
         if self.on_resume is not None:
             self.on_resume(self.name, parts.resume)
+        with self._lock:
+            if self._sealed:
+                return False
+            self._take(parts)
         if self.queue is not None:
             if self.queue.spool is not None:  # replay reattaches to this run (if nothing was spooled yet)
                 self.queue.spool.header["resume"] = parts.resume
