@@ -245,6 +245,9 @@ def test_pip_wheel_leaves_the_checkout_as_it_was(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     wanted = {"otel_tracking/__init__.py", "otel_tracking/cli/main.py", "otel_tracking_stack/collector-config.yaml"}
     assert wanted <= names
+    # every package of the checkout (pyproject.toml lists them one by one)
+    packages = {str(p.relative_to(source)) for p in (source / "otel_tracking").rglob("__init__.py")}
+    assert packages - names == set()
     assert not [name for name in names if name.startswith(("build_backend", "tests/"))]
 
 

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import otel_tracking
 
-LAYERS = ["signals", "config", "exporters", "delivery", "bridges", "runtime", "distributed", "api", "cli", "verl"]
+# the bottom layer first
+LAYERS = [
+    "compat", "signals", "config", "exporters", "delivery", "bridges", "runtime", "distributed", "api", "cli", "verl",
+]  # fmt: skip
 OUTSIDE = {"__init__", "__main__", "ray_tracing", "propagation", "worker"}
 PACKAGE = Path(otel_tracking.__file__).parent
 

@@ -125,7 +125,7 @@ def test_metrics_exporter_otlp_and_file_through_the_facade(monkeypatch: pytest.M
 
 def test_a_gauge_set_once_is_not_repeated_at_later_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A plain SDK MeterProvider with our file exporter: synchronous gauges are collected as DELTA
-    (the exporter keys its preferred temporality by the SDK's Gauge class, otel_compat's
+    (the exporter keys its preferred temporality by the SDK's Gauge class, compat/otel_sdk.py's
     sdk_gauge_class), so a key set at one step is not repeated at the steps after it."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader

@@ -1,4 +1,4 @@
-"""The contract with Ray's private names (``otel_tracking/distributed/ray_internals.py``).
+"""The contract with Ray's private names (``otel_tracking/compat/ray_internals.py``).
 
 Each name is checked against the installed Ray on a real local cluster by what Ray says publicly of
 the same thing (the runtime context's actor id, the actor's own pid), so this test fails when a
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from otel_tracking.distributed import ray_internals
+from otel_tracking.compat import ray_internals
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ class Probe:
         return batch
 
     def who(self) -> tuple[str, int, bool]:
-        from otel_tracking.distributed.ray_internals import is_driver
+        from otel_tracking.compat.ray_internals import is_driver
 
         return ray.get_runtime_context().get_actor_id(), os.getpid(), is_driver()
 

@@ -1,3 +1,3 @@
-"""Configuration: the settings read from arguments and the environment, resume records, the
-OpenTelemetry names without a public home. Imports only signals.
+"""Configuration: the settings read from arguments and the environment, resume records, where each
+tracker writes, the run's config as trackers get it. Imports signals and compat.
 """

@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from otel_tracking.config.otel_compat import LogRecord, ReadableLogRecord, SeverityNumber
+from otel_tracking.compat.otel_sdk import LogRecord, ReadableLogRecord, SeverityNumber
 from otel_tracking.signals.steps import SCOPE, StepBatch, materialize, wrap
 
 # --- shared pieces -----------------------------------------------------------------------------

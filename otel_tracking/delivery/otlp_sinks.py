@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from otel_tracking.config.otlp_failures import explain_failures
+from otel_tracking.compat.otlp_failures import explain_failures
 from otel_tracking.config.settings import Settings, describe_otlp
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.registry import SIGNAL_PART
@@ -46,7 +46,7 @@ def build_otlp_sinks(settings: Settings, remembered: Mapping[str, str] | None = 
     otlp = settings.otlp
     if not otlp.any:
         return {}
-    from otel_tracking.config.otel_compat import one_try_per_export, otlp_log_exporter_class
+    from otel_tracking.compat.otel_sdk import one_try_per_export, otlp_log_exporter_class
 
     OTLPLogExporter = otlp_log_exporter_class(otlp.protocol)
     if otlp.protocol == "grpc":

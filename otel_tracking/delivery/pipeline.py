@@ -27,7 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from otel_tracking.config.otel_compat import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord, periodic_reader
+from otel_tracking.compat.otel_sdk import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord, periodic_reader
 from otel_tracking.config.policy import Policy
 from otel_tracking.delivery.engine import SinkQueue, item_count
 from otel_tracking.delivery.spool import Spool

@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import Link, Status
 
-from otel_tracking.config.otel_compat import LogRecordProcessor, ReadWriteLogRecord
+from otel_tracking.compat.otel_sdk import LogRecordProcessor, ReadWriteLogRecord
 from otel_tracking.signals.redact import REDACTED, is_secret_key, redact, scrub_value
 
 

@@ -164,13 +164,13 @@ def _covering() -> bool:
 
 
 def _is_driver() -> bool:
-    from otel_tracking.distributed.ray_internals import is_driver
+    from otel_tracking.compat.ray_internals import is_driver
 
     return is_driver()  # without Ray's name, no process covers, and each call waits for its spans
 
 
 def _actor_key(handle: Any) -> str | None:
-    from otel_tracking.distributed.ray_internals import actor_id
+    from otel_tracking.compat.ray_internals import actor_id
 
     return actor_id(handle)
 

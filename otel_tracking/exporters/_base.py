@@ -32,8 +32,8 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_tracking.compat.otel_sdk import LogRecordExporter, LogRecordExportResult
 from otel_tracking.config import settings
-from otel_tracking.config.otel_compat import LogRecordExporter, LogRecordExportResult
 from otel_tracking.exporters.timings import PhaseTiming, StepTimings
 from otel_tracking.signals import semconv
 from otel_tracking.signals.redact import scrubbed_logger
@@ -56,7 +56,7 @@ def _delta_for_all() -> dict[type, AggregationTemporality]:
         UpDownCounter,
     )
 
-    from otel_tracking.config.otel_compat import sdk_gauge_class
+    from otel_tracking.compat.otel_sdk import sdk_gauge_class
 
     kinds = (
         Counter,

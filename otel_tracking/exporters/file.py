@@ -50,8 +50,8 @@ import orjson
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_tracking.compat.otel_sdk import LogRecordExporter, LogRecordExportResult, ReadableLogRecord
 from otel_tracking.config import paths, settings
-from otel_tracking.config.otel_compat import LogRecordExporter, LogRecordExportResult, ReadableLogRecord
 from otel_tracking.exporters._base import StepMetricExporter, StepRecord, hex_id
 from otel_tracking.exporters.timings import span_duration_s
 

@@ -31,7 +31,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer, set_span_in_context
 
-from otel_tracking.config.otel_compat import LoggerProvider, enabled_despite_sdk_disabled
+from otel_tracking.compat.otel_sdk import LoggerProvider, enabled_despite_sdk_disabled
 from otel_tracking.config.resource import build_resource
 from otel_tracking.config.resume import RunRecord, record_name
 from otel_tracking.config.settings import Settings

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from otel_tracking.distributed.ray_internals import ACTOR_METHOD_CALL, method_parameters
+from otel_tracking.compat.ray_internals import ACTOR_METHOD_CALL, method_parameters
 from otel_tracking.verl.guard import cannot_patch, quietly
 
 CARRIER = "_otel_context"

@@ -77,7 +77,7 @@ def waiting_for(span: Any) -> tuple[dict[str, Any], list[str]] | None:
 
 def _where(worker: Any) -> str:
     """The actor's id, node and pid, from the GCS's actor table (not from the actor)."""
-    from otel_tracking.distributed.ray_internals import actor_id, actor_table_entry
+    from otel_tracking.compat.ray_internals import actor_id, actor_table_entry
 
     hex_id = actor_id(worker)
     if hex_id is None:

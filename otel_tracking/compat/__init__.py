@@ -1,0 +1,9 @@
+"""Third-party names without a public home, one module per library: the bottom layer.
+
+Each module names the private (or experimental) names of one library that the rest of the package
+uses, says what runs without each, and is the only place that touches them: ``otel_sdk.py`` (the
+OpenTelemetry SDK's logs signal, gauge class, retry loop and reader hook), ``otlp_failures.py`` (why
+an OTLP export failed, from the exporters' own log lines), ``ray_internals.py`` (Ray's driver
+mode, actor ids and method signatures).  A contract test per library fails when a name moves.
+Imports nothing from otel_tracking; no library is imported before it is used.
+"""
