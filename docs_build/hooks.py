@@ -29,7 +29,9 @@ def cli_reference() -> str:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                parts.append(f"## `otel-tracking {name}`\n\n```text\n$ otel-tracking {name} --help\n{sub.format_help()}```\n")
+                parts.append(
+                    f"## `otel-tracking {name}`\n\n```text\n$ otel-tracking {name} --help\n{sub.format_help()}```\n"
+                )
     return "\n".join(parts)
 
 

@@ -56,9 +56,9 @@ def variables_read(root: Path, set_for_children: bool) -> tuple[set[str], set[st
             elif set_for_children and isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
                 ignored.add(id(node.slice))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in ignored:
-                if NAME.fullmatch(node.value):
-                    names.add(node.value)
+            literal = isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in ignored
+            if literal and NAME.fullmatch(node.value):
+                names.add(node.value)
     return names, patterns
 
 
@@ -72,7 +72,9 @@ def variables_documented(page: str) -> set[str]:
             continue
         for token in re.findall(r"`([A-Z0-9_{},]+)`", line.split(" | ", 1)[0]):
             braces = re.search(r"\{([A-Z,]+)\}", token)
-            expanded = [token.replace(braces.group(0), part) for part in braces.group(1).split(",")] if braces else [token]
+            expanded = (
+                [token.replace(braces.group(0), part) for part in braces.group(1).split(",")] if braces else [token]
+            )
             names.update(name for name in expanded if NAME.fullmatch(name))
     return names
 
@@ -127,7 +129,7 @@ def test_the_environment_check_catches_a_variable_added_or_dropped_on_either_sid
 
 def examples() -> Iterator[tuple[str, str, bool]]:
     """(page:line, code, skipped) of every ```python fence in the docs, CONTRIBUTING.md too."""
-    pages = sorted(DOCS.rglob("*.md")) + [REPO / "CONTRIBUTING.md"]
+    pages = [*sorted(DOCS.rglob("*.md")), REPO / "CONTRIBUTING.md"]
     for page in pages:
         lines = page.read_text().splitlines()
         for number, line in enumerate(lines):
@@ -228,13 +230,19 @@ def test_the_site_opens_in_chromium_with_its_navigation_and_a_working_search(ser
         home = browser.page(served + "/")
         home.wait_for_text(["OpenTelemetry-native experiment tracking", *NAV])
         links = home.evaluate("[...document.querySelectorAll('nav.md-nav a.md-nav__link')].map(a => a.href)")
-        for page in ("getting-started/", "guides/distributed/", "reference/environment/", "architecture/", "benchmarks/"):
+        for page in (
+            "getting-started/",
+            "guides/distributed/",
+            "reference/environment/",
+            "architecture/",
+            "benchmarks/",
+        ):
             assert served + "/" + page in links, page
-        if os.environ.get("OTEL_TRACKING_DOCS_SCREENSHOTS"):
+        if os.environ.get("DOCS_SCREENSHOTS"):
             home.screenshot(REPO / "docs" / "images" / "docs-home.png")
         reference = browser.page(served + "/reference/environment/")
         reference.wait_for_text(["OTEL_TRACKING_SPOOL_DIR", "Read by otel-tracking"])
-        if os.environ.get("OTEL_TRACKING_DOCS_SCREENSHOTS"):
+        if os.environ.get("DOCS_SCREENSHOTS"):
             reference.screenshot(REPO / "docs" / "images" / "docs-reference.png")
         # the search box, as a reader types in it: the results list names the page that has the term
         reference.evaluate("document.querySelector('input.md-search__input').focus()")
@@ -247,5 +255,5 @@ def test_the_site_opens_in_chromium_with_its_navigation_and_a_working_search(ser
             "search results for 'replay'",
         )
         assert served + "/guides/replay/" in results
-        if os.environ.get("OTEL_TRACKING_DOCS_SCREENSHOTS"):
+        if os.environ.get("DOCS_SCREENSHOTS"):
             reference.screenshot(REPO / "docs" / "images" / "docs-search.png")

@@ -5,8 +5,8 @@ force-kills the actors it owned and their C++ core worker calls ``_exit`` within
 no exit hook, finalizer or signal handler sure to run (measured: docs/guides/distributed.md).  So
 a ``traced`` call returns only after its spans have left the process.
 
-The docs' own Ray example (docs/guides/distributed.md) runs here as its users run it: the code block, unchanged, as a script in
-a process of its own, against a real OTLP/HTTP endpoint (``tests/otlp_receiver.py``), with its
+The docs' own Ray example (docs/guides/distributed.md) runs here as its users run it: the code block,
+unchanged, as a script in a process of its own, against a real OTLP/HTTP endpoint (``tests/otlp_receiver.py``), with its
 ``ray.shutdown()`` right after ``tracking.finish()``.  Before the fix it delivered the same 2-3 of 6
 ``update_actor`` spans every time, so it runs a few times.  The other tests drive the same wrapper
 without Ray, in this process: the span has arrived (or is in the spool) the moment the call
