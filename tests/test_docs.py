@@ -257,3 +257,31 @@ def test_the_site_opens_in_chromium_with_its_navigation_and_a_working_search(ser
         assert served + "/guides/replay/" in results
         if os.environ.get("DOCS_SCREENSHOTS"):
             reference.screenshot(REPO / "docs" / "images" / "docs-search.png")
+
+
+# ----------------------------------------------------------------------------- the README
+
+
+def test_the_readme_is_short_and_its_first_screen_has_install_the_two_commands_and_the_verl_switch() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.encode()) <= 12 * 1024
+    first_screen = "\n".join(readme.splitlines()[:60])
+    for needle in (
+        "pip install 'otel-tracking[wandb]'",  # from PyPI, with a tracker's extra
+        "pip install -e '.[tensorboard]' && otel-tracking demo",  # the two commands
+        "./scripts/test",
+        "export OTEL_TRACKING_VERL=1",  # the verl switch
+        "python -m verl.trainer.main_ppo",
+    ):
+        assert needle in first_screen, needle
+    # the commands are real: the script, the demo subcommand, the extras
+    assert os.access(REPO / "scripts" / "test", os.X_OK)
+    from otel_tracking.cli.main import build_parser
+
+    assert build_parser().parse_args(["demo"]).command == "demo"
+    pyproject = (REPO / "pyproject.toml").read_text()
+    for extra in re.findall(r"\[(wandb|mlflow|tensorboard|swanlab|clearml|trackio|all)\]", readme):
+        assert f"\n{extra} = [" in pyproject, extra
+    # every relative link and picture of the README is a file of the checkout
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme):
+        assert (REPO / target).exists(), target
