@@ -195,7 +195,9 @@ def test_the_generated_pages_say_what_the_code_and_the_results_say(site: Path) -
         assert f"otel-tracking {command} --help" in cli
     assert "--val-every" in cli and build_parser().prog == "otel-tracking"
     api = (site / "reference" / "api" / "index.html").read_text()
-    assert "Tracking" in api and "trace_state" in api and "flush" in api
+    for name in ("Tracking", "Tracking.log", "Tracking.finish", "Tracking.flush", "Tracking.supported_backend"):
+        assert f'id="otel_tracking.api.facade.{name}"' in api, name
+    assert 'id="otel_tracking.api.spans.trace_state"' in api
     bench = (site / "benchmarks" / "index.html").read_text()
     latest = (REPO / "bench" / "results" / "latest.md").read_text()
     machine = next(line for line in latest.splitlines() if line.startswith("machine:"))
