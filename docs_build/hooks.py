@@ -4,7 +4,10 @@ A page asks for generated text with a marker line:
 
 - ``<!-- generated: cli -->``: the ``otel-tracking`` command's help, every subcommand, from
   ``otel_tracking.cli.main.build_parser()`` (the parser the command runs);
-- ``<!-- generated: bench-result NAME -->``: the file ``bench/results/NAME`` as it is at build time.
+- ``<!-- generated: bench-result NAME -->``: the file ``bench/results/NAME`` as it is at build time;
+- ``<!-- generated: bench-rows NAME:TRACKER ... -->``: one table of the rows of each report ``NAME``
+  whose first cell starts with ``TRACKER`` (the header of the first report's table, and a column
+  naming the report each row comes from): a comparison drawn from several runs, still not pasted.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-MARKER = re.compile(r"^<!-- generated: (cli|bench-result) ?(\S*) -->$", re.M)
+MARKER = re.compile(r"^<!-- generated: (cli|bench-result|bench-rows) ?(.*?) -->$", re.M)
 
 
 def cli_reference() -> str:
@@ -44,9 +47,29 @@ def bench_result(name: str) -> str:
     return re.sub(r"^(#+) ", lambda m: "###" + m.group(1) + " ", text, flags=re.M)
 
 
+def bench_rows(selection: str) -> str:
+    header: list[str] = []
+    rows: list[str] = []
+    for item in selection.split():
+        name, _, tracker = item.partition(":")
+        path = RESULTS / name
+        if not path.is_file():
+            raise FileNotFoundError(f"a page takes rows of bench/results/{name}, which does not exist")
+        table = [line for line in path.read_text().splitlines() if line.startswith("|")]
+        if not header:
+            header = [table[0] + " report |", table[1] + "---|"]
+        picked = [row for row in table[2:] if row.split("|")[1].strip().startswith(tracker + " ")]
+        if not picked:
+            raise ValueError(f"bench/results/{name} has no row for {tracker!r}")
+        rows += [f"{row} [{name}](results/{path.stem}.md) |" for row in picked]
+    return "\n".join(header + rows) + "\n"
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     def replace(match: re.Match[str]) -> str:
         kind, argument = match.group(1), match.group(2)
-        return cli_reference() if kind == "cli" else bench_result(argument)
+        if kind == "cli":
+            return cli_reference()
+        return bench_result(argument) if kind == "bench-result" else bench_rows(argument)
 
     return MARKER.sub(replace, markdown)

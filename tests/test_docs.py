@@ -202,6 +202,10 @@ def test_the_generated_pages_say_what_the_code_and_the_results_say(site: Path) -
     latest = (REPO / "bench" / "results" / "latest.md").read_text()
     machine = next(line for line in latest.splitlines() if line.startswith("machine:"))
     assert machine.split(": ", 1)[1] in bench
+    # the time-to-land comparison takes its rows from the reports it names
+    for line in (REPO / "bench" / "results" / "2026-12-02-land-trackio-15.md").read_text().splitlines():
+        if line.startswith("| trackio"):
+            assert line.split(" | ")[-1].rstrip(" |") in bench
     for report in (REPO / "bench" / "results").glob("*.md"):
         assert (site / "benchmarks" / "results" / report.stem / "index.html").is_file(), report.name
 
