@@ -72,7 +72,7 @@ def test_mixed_values_keep_the_callers_key_order_as_the_reference(
 def test_a_one_element_array_is_not_a_gauge_as_in_the_reference(
     seed, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's rule: ndim 0 with item() is a number; np.array([1.5]) is not (the reference's
+    """The docs' rule (log-rules.md): ndim 0 with item() is a number; np.array([1.5]) is not (the reference's
     console leaves it out, its file writes [1.5]): the same lines from both."""
     import numpy as np
 

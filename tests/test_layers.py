@@ -1,4 +1,4 @@
-"""The package's layers import only downward (README: "The code, layer by layer").
+"""The package's layers import only downward (docs/architecture/index.md: "The code, layer by layer").
 
 Every ``import`` in otel_tracking/, at module top or inside a function, and every
 ``importlib.import_module`` of a literal or f-string name, is read with ``ast``: a module may import
@@ -182,7 +182,7 @@ def test_the_check_sees_a_circle_put_off_to_call_time(tmp_path: Path, monkeypatc
 
 
 def test_the_old_import_paths_still_work() -> None:
-    """README-documented paths from before the layers keep working for users."""
+    """Import paths the docs name (and older code used) from before the layers keep working for users."""
     from otel_tracking import propagation, ray_tracing, worker
     from otel_tracking.distributed import propagation as p
     from otel_tracking.distributed import ray_tracing as r

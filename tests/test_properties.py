@@ -47,7 +47,7 @@ steps = st.one_of(st.integers(*INT64), st.integers(-5, 5))
 
 
 def expected(value: Any, nested: bool = False) -> Any:
-    """What the file sink's JSON holds for a value, by the README's rules (independent of the code,
+    """What the file sink's JSON holds for a value, by the docs' rules (log-rules.md; independent of the code,
     but for credentials in strings, cut out by redact.py's rule, which test_secrets tests):
     ints are written as JSON ints up to 2**64 - 1 (as the reference's orjson dump did) and as
     floats beyond; numbers as the caller gave them (the file writes what the reference wrote)."""

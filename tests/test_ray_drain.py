@@ -6,7 +6,7 @@ after the last call, returning from the script (Ray's own exit hook shuts down),
 ``ray.kill(actor)``.  The workers hold their spans for 10 s (``OTEL_BSP_SCHEDULE_DELAY``, a
 worker run's export interval), longer than any of these endings takes, so that nothing leaves
 by luck.  Ray then force-kills the actors within milliseconds and runs no Python code
-in them (README, *What Ray does to its workers at the end*), so every span that arrives was sent
+in them (docs/guides/distributed.md, *What Ray does to its workers at the end*), so every span that arrives was sent
 before the driver let go:
 
 * flat: the driver calls a ``@traced`` actor through ``with_context``: the actor is covered, its

@@ -2,11 +2,11 @@
 
 Ray gives an actor no exit: when the driver shuts down (or exits, or calls ``ray.kill``), the GCS
 force-kills the actors it owned and their C++ core worker calls ``_exit`` within milliseconds, with
-no exit hook, finalizer or signal handler sure to run (measured: README, *Distributed runs*).  So
+no exit hook, finalizer or signal handler sure to run (measured: docs/guides/distributed.md).  So
 a ``traced`` call returns only after its spans have left the process.
 
-The README's own example runs here as its users run it: the code block, unchanged, as a script in
-a process of its own, against a real OTLP/HTTP endpoint (``tests/otlp_receiver.py``), with its
+The docs' own Ray example (docs/guides/distributed.md) runs here as its users run it: the code block,
+unchanged, as a script in a process of its own, against a real OTLP/HTTP endpoint (``tests/otlp_receiver.py``), with its
 ``ray.shutdown()`` right after ``tracking.finish()``.  Before the fix it delivered the same 2-3 of 6
 ``update_actor`` spans every time, so it runs a few times.  The other tests drive the same wrapper
 without Ray, in this process: the span has arrived (or is in the spool) the moment the call
@@ -39,11 +39,11 @@ RUNS = 3  # the loss was deterministic: a few runs show the fix is not luck
 
 
 def readme_example() -> str:
-    """The Python block of the README's *Distributed runs* section, as written."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Distributed runs") :]
+    """The Python block of the docs' *Distributed runs* page (docs/guides/distributed.md), as written."""
+    text = (REPO / "docs" / "guides" / "distributed.md").read_text()
+    section = text[text.index("# Distributed runs") :]
     found = re.search(r"```python\n(.*?)```", section, re.S)
-    assert found is not None, "the README's Ray example"
+    assert found is not None, "the docs' Ray example"
     code = found.group(1)
     assert code.rstrip().endswith("tracking.finish()\nray.shutdown()"), "the example ends the cluster at once"
     return code

@@ -106,7 +106,7 @@ def test_a_file_still_being_written_is_left_alone(isolated: Path) -> None:
 
 
 def test_a_path_that_does_not_exist_is_an_error(isolated: Path) -> None:
-    """An expected error, exit code 1 as the README says of them all (argparse's usage errors are 2)."""
+    """An expected error, exit code 1 as the docs say of them all (argparse's usage errors are 2)."""
     with HttpReceiver() as receiver:
         done = _replay(receiver, isolated / "nope")
     assert done.returncode == 1

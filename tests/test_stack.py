@@ -191,7 +191,7 @@ def test_trace_reaches_jaeger_with_links_and_attributes(sent: Stack) -> None:
     proc_tags = {t["key"]: t["value"] for t in process["tags"]}
     for key in ("ml.project", "ml.experiment", "ml.run.id"):
         assert proc_tags[key] == RESOURCE_ATTRS[key]
-    assert proc_tags["ml.run.attempt"] == 1  # a resumed run's spans say their attempt (README, Resuming a run)
+    assert proc_tags["ml.run.attempt"] == 1  # a resumed run's spans say their attempt (docs/guides/resume.md)
 
 
 def _tag(span: dict[str, Any], key: str) -> Any:

@@ -1,7 +1,7 @@
 """The viewers of a demo run, as a user opens them: each viewer's own server on loopback, and
 Debian's ``chromium`` (headless) driven through the DevTools protocol.
 
-Used by ``tests/test_viewers.py`` (what a user must see) and ``scripts/screenshots`` (the README's
+Used by ``tests/test_viewers.py`` (what a user must see) and ``scripts/screenshots`` (the docs'
 pictures).  Waits are on conditions with deadlines (the page's DOM, a server's health URL), never
 on a fixed sleep.
 """

@@ -104,7 +104,8 @@ def _backend_list(raw: str) -> str:
     return raw
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``otel-tracking`` command's parser (the docs' CLI reference is generated from it)."""
     from otel_tracking.signals.semconv import SCOPE_VERSION
 
     defaults = argparse.ArgumentDefaultsHelpFormatter
@@ -195,8 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "workers that export only over OTLP); default: OTEL_TRACKING_TRACES_URL",
     )
     timeline.set_defaults(func=_timeline)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except Exception as error:

@@ -1,0 +1,293 @@
+"""The documentation site (``docs/``, ``mkdocs.yml``) says what the code does, and a reader can use it.
+
+- Every ``OTEL_*``/``OTEL_TRACKING_*`` variable the code reads is in the environment reference, and the
+  reference lists none the code does not read (the code's string literals, read with ``ast``).
+- The docs' Python examples run, each as a script of its own in a fresh directory; an example that
+  needs a network tracker, Ray or the reader's own code is marked ``<!-- docs-test: skip (why) -->``
+  on the line before its fence, and the plain-script example of *Getting started* is never skipped.
+- ``mkdocs build --strict`` builds the site (a broken link or reference fails), and headless chromium
+  opens it over HTTP: the navigation reaches every section, and typing in the search box finds a page.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import viewers
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+ENV_PAGE = DOCS / "reference" / "environment.md"
+NAME = re.compile(r"OTEL_[A-Z0-9_]*[A-Z0-9]")
+SKIP = "<!-- docs-test: skip"
+
+
+# ----------------------------------------------------------------------------- environment variables
+
+
+def variables_read(root: Path, set_for_children: bool) -> tuple[set[str], set[str]]:
+    """The full ``OTEL_*`` names among ``root``'s string literals, and the f-strings that build one
+    (``f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"``) as regular expressions.  With ``set_for_children``,
+    a literal that is a dict key or the target of ``env[...] = ...`` is a variable the code sets for a
+    program it starts (the stack's collector config), not one it reads."""
+    names: set[str] = set()
+    patterns: set[str] = set()
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        ignored: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.JoinedStr):
+                ignored.update(id(value) for value in node.values)
+                parts = [value.value if isinstance(value, ast.Constant) else None for value in node.values]
+                head = parts[0]
+                if isinstance(head, str) and head.startswith("OTEL_") and not any(p and " " in p for p in parts):
+                    patterns.add("".join(re.escape(p) if p is not None else "[A-Z]+" for p in parts))
+            elif set_for_children and isinstance(node, ast.Dict):
+                ignored.update(id(key) for key in node.keys if key is not None)
+            elif set_for_children and isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+                ignored.add(id(node.slice))
+        for node in ast.walk(tree):
+            literal = isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in ignored
+            if literal and NAME.fullmatch(node.value):
+                names.add(node.value)
+    return names, patterns
+
+
+def variables_documented(page: str) -> set[str]:
+    """The ``OTEL_*`` names in the first column of the table under *Read by otel-tracking*
+    (``{TRACES,METRICS,LOGS}`` expanded)."""
+    section = page.split("## Read by otel-tracking", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        for token in re.findall(r"`([A-Z0-9_{},]+)`", line.split(" | ", 1)[0]):
+            braces = re.search(r"\{([A-Z,]+)\}", token)
+            expanded = (
+                [token.replace(braces.group(0), part) for part in braces.group(1).split(",")] if braces else [token]
+            )
+            names.update(name for name in expanded if NAME.fullmatch(name))
+    return names
+
+
+def reference_mismatches(roots: list[tuple[Path, bool]], page: str) -> list[str]:
+    read: set[str] = set()
+    patterns: set[str] = set()
+    for root, set_for_children in roots:
+        names, built = variables_read(root, set_for_children)
+        read |= names
+        patterns |= built
+    documented = variables_documented(page)
+    problems = [f"{name} is read by the code but missing from the reference" for name in sorted(read - documented)]
+    for pattern in sorted(patterns):
+        if not any(re.fullmatch(pattern, name) for name in documented):
+            problems.append(f"the code builds {pattern} but the reference lists no such variable")
+    for name in sorted(documented - read):
+        if not any(re.fullmatch(pattern, name) for pattern in patterns):
+            problems.append(f"{name} is in the reference but the code does not read it")
+    return problems
+
+
+CODE = [(REPO / "otel_tracking", False), (REPO / "otel_tracking_stack", True)]
+
+
+def test_the_environment_reference_lists_exactly_the_variables_the_code_reads() -> None:
+    assert reference_mismatches(CODE, ENV_PAGE.read_text()) == []
+
+
+def test_the_environment_check_catches_a_variable_added_or_dropped_on_either_side(tmp_path: Path) -> None:
+    code = tmp_path / "otel_tracking"
+    code.mkdir()
+    (code / "settings.py").write_text(
+        'import os\nA = os.environ.get("OTEL_TRACKING_FAKE_KNOB")\nB = f"OTEL_EXPORTER_OTLP_{s}_ENDPOINT"\n'
+    )
+    page = (
+        "## Read by otel-tracking\n\n| variable | default | meaning |\n|---|---|---|\n"
+        "| `OTEL_EXPORTER_OTLP_{TRACES,METRICS,LOGS}_ENDPOINT` | | |\n| `OTEL_TRACKING_GONE` | | |\n"
+    )
+    assert reference_mismatches([(code, False)], page) == [
+        "OTEL_TRACKING_FAKE_KNOB is read by the code but missing from the reference",
+        "OTEL_TRACKING_GONE is in the reference but the code does not read it",
+    ]
+    stack = tmp_path / "otel_tracking_stack"
+    stack.mkdir()
+    (stack / "stack.py").write_text('env = {"OTEL_TRACKING_SET_ONLY": "x"}\nenv["OTEL_TRACKING_ALSO_SET"] = "y"\n')
+    assert variables_read(stack, set_for_children=True) == (set(), set())
+
+
+# ----------------------------------------------------------------------------- the Python examples
+
+
+def examples() -> Iterator[tuple[str, str, bool]]:
+    """(page:line, code, skipped) of every ```python fence in the docs, CONTRIBUTING.md too."""
+    pages = [*sorted(DOCS.rglob("*.md")), REPO / "CONTRIBUTING.md"]
+    for page in pages:
+        lines = page.read_text().splitlines()
+        for number, line in enumerate(lines):
+            if line.strip() == "```python":
+                end = lines.index("```", number + 1)
+                skipped = number > 0 and lines[number - 1].startswith(SKIP)
+                yield f"{page.relative_to(REPO)}:{number + 1}", "\n".join(lines[number + 1 : end]) + "\n", skipped
+
+
+EXAMPLES = list(examples())
+RUN = [(where, code) for where, code, skipped in EXAMPLES if not skipped]
+
+
+def test_the_getting_started_example_is_run_and_every_skip_says_why() -> None:
+    assert any(where.startswith("docs/getting-started.md") for where, _ in RUN)
+    for page in [*DOCS.rglob("*.md"), REPO / "CONTRIBUTING.md"]:
+        for line in page.read_text().splitlines():
+            if line.startswith(SKIP):
+                assert re.fullmatch(r"<!-- docs-test: skip \(.+\) -->", line), f"{page}: {line}"
+
+
+@pytest.mark.parametrize(("where", "code"), RUN, ids=[where for where, _ in RUN])
+def test_a_docs_example_runs(where: str, code: str, isolated: Path) -> None:
+    script = isolated / "example.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=isolated, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"{where} failed:\n{done.stdout}\n{done.stderr}"
+    if where.startswith("docs/getting-started.md"):
+        # what the page says it does: console lines, the file sink's two files
+        assert "step:1 - actor/pg_loss:1.0 - reward/mean:0.1" in done.stdout
+        lines = (isolated / "getting-started" / "first-run.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+        assert (isolated / "getting-started" / "first-run.events.jsonl").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------- the built site
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"), "-d", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    return out
+
+
+def test_the_generated_pages_say_what_the_code_and_the_results_say(site: Path) -> None:
+    from otel_tracking.cli.main import build_parser
+
+    cli = (site / "reference" / "cli" / "index.html").read_text()
+    for command in ("demo", "stack", "replay", "stalls", "timeline"):
+        assert f"otel-tracking {command} --help" in cli
+    assert "--val-every" in cli and build_parser().prog == "otel-tracking"
+    api = (site / "reference" / "api" / "index.html").read_text()
+    for name in ("Tracking", "Tracking.log", "Tracking.finish", "Tracking.flush", "Tracking.supported_backend"):
+        assert f'id="otel_tracking.api.facade.{name}"' in api, name
+    assert 'id="otel_tracking.api.spans.trace_state"' in api
+    bench = (site / "benchmarks" / "index.html").read_text()
+    latest = (REPO / "bench" / "results" / "latest.md").read_text()
+    machine = next(line for line in latest.splitlines() if line.startswith("machine:"))
+    assert machine.split(": ", 1)[1] in bench
+    # the time-to-land comparison takes its rows from the reports it names
+    for line in (REPO / "bench" / "results" / "2026-12-02-land-trackio-15.md").read_text().splitlines():
+        if line.startswith("| trackio"):
+            assert line.split(" | ")[-1].rstrip(" |") in bench
+    for report in (REPO / "bench" / "results").glob("*.md"):
+        assert (site / "benchmarks" / "results" / report.stem / "index.html").is_file(), report.name
+
+
+@pytest.fixture(scope="module")
+def served(site: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = viewers.free_port()
+    server = viewers.Server(
+        "docs-site",
+        [sys.executable, "-m", "http.server", str(port), "--bind", viewers.HOST, "--directory", str(site)],
+        port,
+        tmp_path_factory.mktemp("docs-logs"),
+    )
+    try:
+        server.wait_ready("/", timeout=60)
+        yield server.url
+    finally:
+        server.stop()
+
+
+NAV = ["Getting started", "Guides", "Reference", "Architecture", "Benchmarks"]
+
+
+def test_the_site_opens_in_chromium_with_its_navigation_and_a_working_search(served: str) -> None:
+    index = json.loads(viewers.http_get(served + "/search/search_index.json"))
+    assert any("OTEL_TRACKING_SPOOL_DIR" in doc["text"] for doc in index["docs"])
+    with viewers.browser() as browser:
+        home = browser.page(served + "/")
+        home.wait_for_text(["OpenTelemetry-native experiment tracking", *NAV])
+        links = home.evaluate("[...document.querySelectorAll('nav.md-nav a.md-nav__link')].map(a => a.href)")
+        for page in (
+            "getting-started/",
+            "guides/distributed/",
+            "reference/environment/",
+            "architecture/",
+            "benchmarks/",
+        ):
+            assert served + "/" + page in links, page
+        if os.environ.get("DOCS_SCREENSHOTS"):
+            home.screenshot(REPO / "docs" / "images" / "docs-home.png")
+        reference = browser.page(served + "/reference/environment/")
+        reference.wait_for_text(["OTEL_TRACKING_SPOOL_DIR", "Read by otel-tracking"])
+        if os.environ.get("DOCS_SCREENSHOTS"):
+            reference.screenshot(REPO / "docs" / "images" / "docs-reference.png")
+        # the search box, as a reader types in it: the results list names the page that has the term
+        reference.evaluate("document.querySelector('input.md-search__input').focus()")
+        reference.send("Input.insertText", text="replay")
+        results = viewers.wait_for(
+            lambda: reference.evaluate(
+                "[...document.querySelectorAll('.md-search-result__item a')].map(a => a.href).join(' ')"
+            ),
+            60,
+            "search results for 'replay'",
+        )
+        assert served + "/guides/replay/" in results
+        if os.environ.get("DOCS_SCREENSHOTS"):
+            reference.screenshot(REPO / "docs" / "images" / "docs-search.png")
+
+
+# ----------------------------------------------------------------------------- the README
+
+
+def test_the_readme_is_short_and_its_first_screen_has_install_the_two_commands_and_the_verl_switch() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.encode()) <= 12 * 1024
+    first_screen = "\n".join(readme.splitlines()[:60])
+    for needle in (
+        "pip install 'otel-tracking[wandb]'",  # from PyPI, with a tracker's extra
+        "pip install -e '.[tensorboard]' && otel-tracking demo",  # the two commands
+        "./scripts/test",
+        "export OTEL_TRACKING_VERL=1",  # the verl switch
+        "python -m verl.trainer.main_ppo",
+    ):
+        assert needle in first_screen, needle
+    # the commands are real: the script, the demo subcommand, the extras
+    assert os.access(REPO / "scripts" / "test", os.X_OK)
+    from otel_tracking.cli.main import build_parser
+
+    assert build_parser().parse_args(["demo"]).command == "demo"
+    pyproject = (REPO / "pyproject.toml").read_text()
+    for extra in re.findall(r"\[(wandb|mlflow|tensorboard|swanlab|clearml|trackio|all)\]", readme):
+        assert f"\n{extra} = [" in pyproject, extra
+    # every relative link and picture of the README is a file of the checkout
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme):
+        assert (REPO / target).exists(), target
