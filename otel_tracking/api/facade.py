@@ -70,7 +70,7 @@ class Tracking:
     ) -> None:
         """``resume``: ``"auto"``, ``"never"`` or a run id (default: ``OTEL_TRACKING_RESUME``, else
         ``never``): continue the previous run of this project and experiment in every tracker (see
-        the README, "Resuming a run")."""
+        docs/guides/resume.md)."""
         self._run: Run | None = None
         names = _backend_names(default_backend)
         insight = "rl_insight" in names and RLInsightLogger.enabled()

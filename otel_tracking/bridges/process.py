@@ -40,7 +40,7 @@ This module is the training process's side (the link); the child is ``child.py``
 messages between them are listed in ``wire.py``.
 
 ``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the bridges in the training process instead (for
-trackers' console capture of the training process's own output, see the README).
+trackers' console capture of the training process's own output, see docs/architecture/bridge-process.md).
 """
 
 from __future__ import annotations

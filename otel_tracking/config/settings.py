@@ -1,6 +1,6 @@
 """The runtime's variables (``OTEL_*``, ``OTEL_TRACKING_*``) are read here, but for those that say
 where files go (``paths.py``) and the set a driver hands its workers
-(``distributed/environment.py``); the README's design notes say which other module reads which
+(``distributed/environment.py``); docs/architecture/design-notes.md says which other module reads which
 variable (each bridge its backend's, replay its destinations, the CLI its own, the verl switch, the
 stack's cache).
 

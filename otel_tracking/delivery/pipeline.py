@@ -8,7 +8,7 @@ called inline, every other sink gets a :class:`~otel_tracking.delivery.engine.Si
 retry with backoff, spool).  Of the threads that export, the sink queues live in ``engine.py``, the
 periodic OTLP gauge export is the SDK's reader (:func:`periodic_export`), and the bridge process's
 link and child, the SIGTERM watcher (``runtime/lifecycle.py``) and the actor drain
-(``distributed/drain.py``) have their own (the README's "Never block, never lose" lists them).
+(``distributed/drain.py``) have their own (docs/reference/guarantees.md, "Never block, never lose", lists them).
 """
 
 from __future__ import annotations
