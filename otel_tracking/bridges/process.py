@@ -20,9 +20,9 @@ acknowledgement window, and completes asynchronously: a second pipe carries the 
 back, acknowledgements (this item is delivered, spooled or dropped, for this sink: counted so at
 once) and the replies to ``flush()`` and ``finish()``.  If the child dies, the window, and what
 comes after, is set aside for each bridge a message was still pending for (``<sink>.link.jsonl``,
-replayed like any spool): at least once, never lost (an item delivered in the last ~50 ms before a
-crash may arrive twice), counted once.  This module keeps only what is the link's own: spawning
-the child, the start window, and the acknowledgement window.
+replayed like any spool): at least once, never lost (an item delivered shortly before a crash,
+whose acknowledgement had not come back yet, may arrive twice), counted once.  This module keeps
+only what is the link's own: spawning the child, the start window, and the acknowledgement window.
 The child ignores SIGINT and SIGTERM (the training process finishes the run and then tells it to
 finish) and finishes on its own when the training process is gone.
 

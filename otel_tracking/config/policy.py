@@ -17,6 +17,6 @@ class Policy:
     # Spans and log records: at most one export per interval (0: each leaves as soon as it is
     # queued).  One that comes after a quiet interval still leaves at once; a busy sink's items
     # wait at most this long and leave together, one request instead of one each (an OTLP/HTTP
-    # request costs ~1 ms of CPU whatever its size).  A flush, the stop or a full export's worth
+    # request's CPU cost hardly depends on its size).  A flush, the stop or a full export's worth
     # of items ends the wait.
     export_interval_s: float = 0.0

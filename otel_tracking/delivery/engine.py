@@ -56,7 +56,7 @@ _MAX_MERGE = 512
 _MAX_GROUP = 256  # metric items handed to a deliver_many in one call
 # ... and at most this many scalars: a 200 x 200 burst in one call.  The bigger the group, the fewer
 # keys each of MLflow's requests holds (lanes group by key), and its server writes a request of few
-# keys faster: groups of 40,000 land a burst in 3/4 of the time groups of 4,000 take.  A group is
+# keys faster, so larger groups land a burst sooner.  A group is
 # settled only when its call returns; each request that lands on the way counts as progress
 # (``progressed``: the bridge process tells the training process, whose finish() waits while it
 # hears of progress).

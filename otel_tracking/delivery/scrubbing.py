@@ -50,7 +50,7 @@ def _clean(key: str, value: str) -> str:
 
 
 # Spans repeat the same short strings (lane, run id, phase) thousands of times: one cached lookup
-# instead of a key check and a pattern search (~1 us of the ~40 us a span costs).
+# instead of a key check and a pattern search for each.
 _CACHED_LENGTH = 256
 _clean_string = functools.lru_cache(maxsize=4096)(_clean)
 

@@ -3,8 +3,9 @@
 Ray gives an actor no exit (see :mod:`otel_tracking.distributed.worker`): when the process that
 owns or called it shuts Ray down, exits, or calls ``ray.kill``, the actor's core worker calls
 ``_exit`` within milliseconds.  Waiting at the end of every call until its spans have left keeps
-them, but costs one OTLP request per call: about 2 ms of CPU, half a core for a worker serving
-200 small calls a second.  So the caller's side takes that job instead:
+them, but costs one OTLP request per call, a large share of a core for a worker serving many
+small calls a second (``bench/bench_verl.py --parts cpu``).  So the caller's side takes that job
+instead:
 
 * a process that calls instrumented actors *remembers* each one (weakly: a handle we hold must
   not keep an actor alive) and tells it, once, that it is *covered*;

@@ -54,8 +54,8 @@ def build_worker_settings(
     if attempt and str(attempt).isdigit() and int(attempt) > 1:
         settings = replace(settings, attempt=int(attempt))
     if "OTEL_BSP_SCHEDULE_DELAY" not in e:
-        # Workers open spans by the hundred a second: one OTLP request each would cost a third of
-        # a core (bench/bench_workers.py); batched every 100 ms, ~6%.
+        # Workers open spans by the hundred a second: one OTLP request each would cost a large
+        # share of a core; batched, a small one (bench/bench_workers.py measures both).
         settings = replace(settings, delivery=replace(settings.delivery, export_interval_s=WORKER_EXPORT_INTERVAL_S))
     return settings
 

@@ -35,16 +35,11 @@ is (a nested dict under ``credentials`` goes whole).
 Every pass is linear in the text (``bench/bench_scrub.py``: runs of each character the patterns
 use, 1 MB): a collapsed generation of ``=`` signs must not stall ``log()``.
 
-**Why no detect-secrets dependency** (measured on the 2-core dev machine, Python 3.11,
-detect-secrets 1.5.0, best of several runs): importing any of its plugins costs 140-160 ms, since
-it imports ``requests``, ``urllib3`` and ``yaml``, which ``Tracking(..., "file")`` otherwise never
-loads; ``import otel_tracking`` is ~5 ms and a whole file-backend start-up ~150 ms, so it would
-about double start-up, in the bridge process too.  Its 23 regex plugins cost ~27 us per config
-value; the patterns here cost 0.5-0.9 us per ordinary string (one search for any trigger) and
-4-6 us per string holding a credential, 0.9 ms for a 400-leaf config (0.7 ms when only keys were
-looked at), and compiling them 1.6 ms once (0.7 ms before).  A file-backend ``Tracking()`` with
-a 400-leaf config showed no difference beyond the machine's noise (median 245 ms after, 300 ms
-before, over 15 runs each).  Its plugins also miss formats the issue names (``hf_`` tokens,
+**Why no detect-secrets dependency** (measured: ``bench/bench_scrub.py``, and
+``bench/results/2026-12-02-scrub.md``): importing any of its plugins imports ``requests``,
+``urllib3`` and ``yaml``, which ``Tracking(..., "file")`` otherwise never loads, and would about
+double start-up, in the bridge process too; its regex plugins cost far more per config value than
+the one search for any trigger done here.  Its plugins also miss formats the issue names (``hf_`` tokens,
 ``sk-proj-``/``sk-ant-`` keys without OpenAI's ``T3BlbkFJ`` marker), and some report a capture
 group instead of the secret (``GitHubTokenDetector`` yields ``"ghp"``), so redaction would still
 need patterns of our own.  The patterns here follow those plugins, widened for newer formats.
@@ -54,8 +49,8 @@ are not numbers (strings, however nested, by value only: ``log()`` keys name met
 settings); every span and log record, once, on its way out of the run
 (``delivery/scrubbing.py``: attributes, labels among them, events, exceptions and status of a
 span; body and attributes of an event, validation generations included: they are model text, but
-an agent's prompt can carry a tool's key; scanning costs 5-10 ms per 100 kB of text that has an
-``@`` or ``=`` in it, less without, once per validation step); resource
+an agent's prompt can carry a tool's key; text with an ``@`` or ``=`` in it costs the most to
+scan, once per validation step); resource
 attributes; the argv the bridge process hands to trackers; the OTLP endpoint we show; and every
 record our loggers emit (:class:`ScrubFilter`, on each of them: a logger's filter does not see
 its children's records).  Numbers are never touched.  A credential glued to a word

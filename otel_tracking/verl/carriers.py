@@ -1,7 +1,7 @@
 """The carrier of every instrumented call, made and read once per context instead of once per call.
 
 W3C baggage is most of a carrier's cost: writing it quotes every entry, reading it back validates
-and unquotes them (about 20 µs and 40 µs a call on this machine, profiled).  A worker-group call
+and unquotes them (``bench/bench_verl.py --parts micro`` measures a call).  A worker-group call
 sends one carrier per worker, and verl calls from inside a ``marked_timer`` phase, whose context
 does not change between calls: the driver makes the carrier once per context, and each worker
 reads each distinct carrier once.  Contexts are immutable, so both are safe to reuse.

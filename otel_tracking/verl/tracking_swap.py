@@ -122,8 +122,8 @@ def _arguments(verl_function: Any, cls: Any, args: tuple[Any, ...], kwargs: dict
 
 @functools.lru_cache(maxsize=64)
 def _signature(verl_function: Any) -> tuple[inspect.Signature, tuple[str, ...]]:
-    """verl's signature and its ``**kwargs`` names, read once per function (``_arguments``: 19 µs a
-    call with ``inspect.signature`` at every call, 3 µs without, bench/results/2026-12-03-verl-cpu.md)."""
+    """verl's signature and its ``**kwargs`` names, read once per function: ``inspect.signature``
+    at every call was most of ``_arguments``' cost (bench/results/2026-12-03-verl-cpu.md)."""
     signature = inspect.signature(verl_function)
     kinds = signature.parameters.items()
     return signature, tuple(name for name, p in kinds if p.kind is inspect.Parameter.VAR_KEYWORD)
