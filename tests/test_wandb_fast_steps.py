@@ -1,10 +1,11 @@
-"""wandb: the steps the bridge hands to wandb's service itself (``_History``, skipping run.log's
+"""wandb: the steps the bridge hands to wandb's service itself (``compat/wandb_internals.py``, skipping run.log's
 per-value work) are the records run.log writes for the same calls, read back from the run's own
 ``.wandb`` file with ``tests/readers_wandb.py``."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -91,7 +92,7 @@ def _stored(root: Path) -> dict[str, Any]:
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=_STEPS)
-@example(  # the first step goes through run.log (see _History.usable): the edge cases come after it
+@example(  # the first step goes through run.log (see FastSteps.usable): the edge cases come after it
     steps=[
         ({"a": 0.0}, 0),
         ({"loss": math.nan, "up": math.inf, "down": -math.inf, "n": 3, "ok": True}, 1),
@@ -127,6 +128,7 @@ def test_steps_sent_directly_are_the_records_run_log_writes(
 def test_plain_steps_go_directly_the_others_through_run_log(fresh_wandb: Path) -> None:
     """Which path each step takes, and that a batch goes in hand-offs of bounded size, each one
     reported as progress."""
+    from otel_tracking.compat import wandb_internals
     from otel_tracking.exporters import wandb as bridge
 
     session = _session(fresh_wandb, "paths", direct=True)
@@ -142,7 +144,7 @@ def test_plain_steps_go_directly_the_others_through_run_log(fresh_wandb: Path) -
     ]
     assert session.write_steps(records, progress=lambda: calls.append(1)) == [None] * len(records)
     history = session._history
-    assert isinstance(history, bridge._History)
+    assert isinstance(history, wandb_internals.FastSteps)
     assert history.sent == 11
     assert session.skipped == 1
     assert len(calls) >= 4 + math.ceil(10 * len(wide) / bridge._VALUES_A_HANDOFF)
@@ -207,3 +209,59 @@ def test_steps_wandb_did_not_take_are_handed_back(fresh_wandb: Path) -> None:
     assert result["handed_back"], result
     assert result["high_step"] == result["step"] - 1  # the last step wandb took
     assert result["sent"] == result["step"] - 1  # step 0 went through run.log
+
+
+# --- the contract with wandb's private names -----------------------------------------------------
+
+
+def test_the_pinned_wandb_has_every_private_name_and_the_direct_path_says_so(
+    fresh_wandb: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every name compat/wandb_internals.py lists is in the wandb installed for tests (a release it
+    was checked against), and which path runs is said once, at debug."""
+    import wandb
+
+    from otel_tracking.compat import wandb_internals
+
+    monkeypatch.setattr(wandb_internals, "_said", set())
+    caplog.set_level(logging.DEBUG, logger="otel_tracking.wandb")
+    assert wandb_internals.tested_version(wandb), wandb.__version__
+    session = _session(fresh_wandb, "probe", direct=True)
+    assert session.write_steps([_record(0, {"a": 1.0}), _record(1, {"a": 2.0})]) == [None, None]
+    assert wandb_internals.missing(session.run, session.run._interface) == [], wandb.__version__
+    assert isinstance(session._history, wandb_internals.FastSteps) and session._history.sent == 1
+    said = [r.getMessage() for r in caplog.records if r.name == "otel_tracking.wandb"]
+    assert said == [f"otel-tracking: wandb steps: steps of plain numbers go to wandb {wandb.__version__}'s "
+                    "service directly, as run.log's requests"]  # fmt: skip
+    session.finish()
+
+
+def test_a_private_name_that_moved_is_said_once_and_run_log_writes_every_step(
+    fresh_wandb: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release where a name the direct path needs is gone (here: one more name listed, which no
+    wandb has): one warning naming it, for every run of the process, and every step through run.log,
+    stored as logged."""
+    from otel_tracking.compat import wandb_internals
+
+    sock = "wandb.sdk.interface.interface_sock.InterfaceSock"
+    names = {**wandb_internals.PRIVATE_NAMES, sock: (*wandb_internals.PRIVATE_NAMES[sock], "_renamed_later")}
+    monkeypatch.setattr(wandb_internals, "PRIVATE_NAMES", names)
+    monkeypatch.setattr(wandb_internals, "_said", set())
+    caplog.set_level(logging.DEBUG, logger="otel_tracking.wandb")
+    for run in ("moved-1", "moved-2"):
+        (fresh_wandb / run).mkdir()
+        session = _session(fresh_wandb / run, run, direct=True)
+        steps = [_record(step, {"a": float(step), "n": step}) for step in range(3)]
+        assert session.write_steps(steps) == [None, None, None]
+        assert session._history is None
+        session.finish()
+        rows = {row["_step"]: {k: v for k, v in row.items() if not k.startswith("_")}
+                for row in only_run(fresh_wandb / run).rows}  # fmt: skip
+        assert rows == {step: {"a": float(step), "n": step} for step in range(3)}
+    warned = [
+        r.getMessage() for r in caplog.records if r.name == "otel_tracking.wandb" and r.levelno == logging.WARNING
+    ]
+    assert warned == [
+        f"otel-tracking: wandb's private names moved: {sock}._renamed_later; every step goes through run.log"
+    ]

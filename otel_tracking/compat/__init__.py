@@ -4,6 +4,9 @@ Each module names the private (or experimental) names of one library that the re
 uses, says what runs without each, and is the only place that touches them: ``otel_sdk.py`` (the
 OpenTelemetry SDK's logs signal, gauge class, retry loop and reader hook), ``otlp_failures.py`` (why
 an OTLP export failed, from the exporters' own log lines), ``ray_internals.py`` (Ray's driver
-mode, actor ids and method signatures).  A contract test per library fails when a name moves.
+mode, actor ids and method signatures), ``wandb_internals.py`` (steps handed to wandb's service
+as ``run.log`` would).  Tests against the release each is pinned to fail when a name moves
+(``tests/test_ray_internals.py``, ``tests/test_wandb_fast_steps.py``; the OpenTelemetry names: the
+core tests on the oldest and the newest SDK allowed, ``scripts/test``).
 Imports nothing from otel_tracking; no library is imported before it is used.
 """

@@ -31,7 +31,7 @@ trackers' messages, which share that process, never the training script's output
 
 A step of plain numbers (the usual one) does not go through ``run.log``: the bridge hands wandb's
 service the very request ``run.log`` would send for it, built without run.log's per-value work
-(``_History``; with wandb 0.31, the release it was checked against).  Everything else does.
+(``compat/wandb_internals.py``; with the wandb releases it was checked against).  Everything else does.
 
 A resumed run (``OTEL_TRACKING_RESUME``) opens its wandb run when its first step arrives, as a
 *rewind* of the previous attempt's run: ``wandb.init(resume_from="<run id>?_step=<c>")``, ``c`` the
@@ -50,12 +50,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from otel_tracking.compat.wandb_internals import FastSteps
 from otel_tracking.exporters._base import (
     BridgeContext,
     BridgeParts,
@@ -139,7 +138,7 @@ class WandbSession(BridgeSession):
         self._deferred: dict[str, Any] | None = None  # init kwargs of a rewind that waits for its first step
         self._checkpoint_step: int | None = None  # where that rewind goes back to
         self._pending: list[tuple[dict[str, Any], int]] = []  # what came before that step
-        self._history: _History | None = None  # the fast path for steps of plain numbers (write_steps)
+        self._history: FastSteps | None = None  # the fast path for steps of plain numbers (write_steps)
         self._history_looked = False  # whether _history was looked for (once the run is open)
 
     @classmethod
@@ -285,13 +284,13 @@ class WandbSession(BridgeSession):
         self, records: Sequence[StepRecord], progress: Callable[[], None] = lambda: None
     ) -> list[StepRecord | None]:
         """Each step as :meth:`log` writes it, but a step of plain numbers, when this wandb has the
-        internals :class:`_History` needs, goes to wandb's service as the very request ``run.log``
+        internals ``compat/wandb_internals.py`` needs, goes to wandb's service as the very request ``run.log``
         would send, built without run.log's per-value work, several steps a hand-off."""
         rests: list[StepRecord | None] = []  # None for each record written, in order
         with self._lock:
             if not self._history_looked and self._deferred is None and not self.finished:
                 self._history_looked = True
-                self._history = _History.of(self.run)
+                self._history = FastSteps.of(self.run)
             history = self._history
             batch: list[Any] = []  # the requests of records[len(rests):], built and not sent yet
             values = 0
@@ -338,7 +337,7 @@ class WandbSession(BridgeSession):
             return False
         return self.high_step is None or record.step >= self.high_step or not self._drops_backwards_steps()
 
-    def _send(self, history: _History, batch: list[Any], before: int | None) -> bool:
+    def _send(self, history: FastSteps, batch: list[Any], before: int | None) -> bool:
         """Hand ``batch`` to wandb; False (and ``high_step`` as it was before) if wandb failed."""
         try:
             history.send(batch)
@@ -480,144 +479,13 @@ class WandbSession(BridgeSession):
 
 # --- steps of plain numbers -------------------------------------------------------------------------
 #
-# wandb's run.log spends ~1.5 ms on a step of 200 floats (its checks and conversions, value by
-# value: history_dict_to_json, a JSON encoder per value, a protobuf item per value, a telemetry
-# histogram), then hands the request to its asyncio thread and waits for it to be written to the
-# wandb service.  In the bridge process that is the whole of a burst's time to land.  For a step of
-# plain numbers (float, int, bool) under ordinary keys, _History builds the very request run.log
-# would build (the same items, the same JSON text from the same encoder, "_timestamp" last, the
-# step, the same record and stream) in a fraction of that, and sends several such steps in one
-# hand-off to the asyncio thread.  Anything else, and a wandb without these internals (another
-# version, a fork such as vemlp_wandb's, a run in a state run.log treats specially), goes through
-# run.log.  tests/test_wandb_fast_steps.py checks the stored records against run.log's.
+# run.log does per-value work for a step (checks, a JSON encoder and a protobuf item per value, a
+# telemetry histogram) and one hand-off to wandb's asyncio thread per step: in the bridge process
+# that is the whole of a burst's time to land.  For a step of plain numbers under ordinary keys,
+# compat/wandb_internals.py builds the very request run.log would build, and several such steps
+# go in one hand-off.  tests/test_wandb_fast_steps.py checks the stored records against run.log's.
 
 _VALUES_A_HANDOFF = 4_000  # values of the steps sent in one hand-off to wandb's asyncio thread
-# The wandb releases whose run.log this was checked against (tests/test_wandb_fast_steps.py): with
-# another one, run.log does the work until the test has been run against it.
-_TESTED_RELEASES = ((0, 31),)
-
-
-def _tested_version(module: Any) -> bool:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(str(module.__version__)).release[:2] in _TESTED_RELEASES
-    except (AttributeError, InvalidVersion):
-        return False
-
-
-class _History:
-    """Steps of plain numbers, handed to wandb 0.31's service as ``run.log(data, step=step)`` would."""
-
-    def __init__(self, run: Any, wandb: Any, interface: Any, to_json: Callable[..., bytes], spb: Any) -> None:
-        self.run = run
-        self.wandb = wandb
-        self.interface = interface
-        self.to_json = to_json
-        self.server_request = spb.ServerRequest
-        self.pid = os.getpid()
-        self.sent = 0  # steps handed to wandb's service directly
-
-    @classmethod
-    def of(cls, run: Any) -> _History | None:
-        """The fast path for ``run``, or None when this is not the wandb it was written for."""
-        modules = sys.modules
-        wandb_run = modules.get("wandb.sdk.wandb_run")
-        interface_sock = modules.get("wandb.sdk.interface.interface_sock")
-        wandb = modules.get("wandb")
-        if wandb_run is None or interface_sock is None or wandb is None:
-            return None
-        interface = getattr(run, "_interface", None)
-        if type(run) is not getattr(wandb_run, "Run", None) or "log" in vars(run):
-            return None  # a subclass or a patched log: its own log decides
-        if type(interface) is not getattr(interface_sock, "InterfaceSock", None):
-            return None
-        needed = (
-            (interface, ("_client", "_asyncer", "_stream_id", "_record_client_encode")),
-            (run, ("_local_step", "_init_pid", "_is_attached", "_is_finished", "_settings", "_telemetry_obj")),
-        )
-        if not all(hasattr(obj, name) for obj, names in needed for name in names):
-            return None
-        if not isinstance(getattr(wandb, "patched", None), Mapping) or not _tested_version(wandb):
-            return None
-        try:
-            import pydantic_core
-            from wandb.proto import wandb_server_pb2 as spb
-            from wandb.sdk.lib import json_util
-        except ImportError:
-            return None
-        if getattr(json_util, "pydantic_core", None) is not pydantic_core:
-            return None  # run.log's JSON comes from another encoder
-        return cls(run, wandb, interface, pydantic_core.to_json, spb)
-
-    def usable(self) -> bool:
-        """Whether run.log would now do nothing but send the request (no warning, no attach, no
-        telemetry update, no tensorboard step handling, JSON values only)."""
-        run = self.run
-        try:
-            settings = run._settings
-            return bool(
-                os.getpid() == self.pid == run._init_pid == getattr(run, "_attach_pid", None)
-                and not run._is_attached
-                and not run._is_finished
-                and run._interface is self.interface
-                and run._telemetry_obj.feature.set_step_log  # run.log's telemetry said so already
-                and not settings._shared
-                and settings.x_history_value_encoding == "json"
-                and not self.wandb.patched.get("tensorboard")
-            )
-        except Exception:
-            return False
-
-    def request(self, scalars: Mapping[str, Any], step: int) -> Any:
-        """The request run.log would send for ``scalars`` at ``step``; None when run.log would do
-        more than that for them (a value that is not a plain number, a key wandb treats specially)."""
-        if not scalars or not self.usable():
-            return None
-        keys = list(scalars)
-        values = list(scalars.values())
-        for key, value in zip(keys, values, strict=True):
-            if type(value) not in (float, int, bool) or type(key) is not str or key.startswith("_"):
-                return None
-        started = time.monotonic()
-        values.append(time.time())  # run.log adds "_timestamp" last, when it encodes the step
-        keys.append("_timestamp")
-        try:
-            # One call of wandb's own encoder for the step: the same text, value by value, as one
-            # call each (numbers hold no comma).
-            texts = self.to_json(values, inf_nan_mode="constants").decode()[1:-1].split(",")
-            if len(texts) != len(keys):
-                return None
-            request = self.server_request()
-            record = request.record_publish
-            history = record.request.partial_history
-            add = history.item.add
-            for key, text in zip(keys, texts, strict=True):
-                item = add()
-                item.key = key
-                item.value_json = text
-            history.step.num = step
-            record.control.local = True
-            record._info.stream_id = self.interface._stream_id
-        except Exception:  # a key protobuf refuses (not UTF-8): run.log says what is wrong
-            return None
-        self.interface._record_client_encode(time.monotonic() - started)
-        return request
-
-    def send(self, requests: Sequence[Any]) -> None:
-        """The requests, in order, in one hand-off to wandb's asyncio thread (run.log makes one a
-        step), then run.log's bookkeeping: the run's step is the highest step logged."""
-        client = self.interface._client
-
-        async def publish() -> None:
-            for request in requests:
-                await client.publish(request)
-
-        self.interface._asyncer.run(publish)
-        self.sent += len(requests)
-        step = max(request.record_publish.request.partial_history.step.num for request in requests)
-        if step > self.run._local_step:
-            self.run._local_step = step
 
 
 # --- opening a run ------------------------------------------------------------------------------
