@@ -9,7 +9,11 @@ Bridges are plain, synchronous OTel exporters.  They work on any ``MetricsData``
   several attribute sets becomes one key per set, ``name{k=v,...}``.  Histograms are skipped; sums
   and gauges are logged by value.
 
-Threads, queues and retries are not the bridges' business: the layer around them owns those.
+The queue, the retries of a failed export and the spool are the delivery layer's (each sink's
+``SinkQueue``, ``delivery/engine.py``): an export makes one attempt and says what did not land.
+Within that attempt a bridge does what its tracker's API asks: MLflow's opens its run with
+attempts of its own, sends a burst's points as several requests at once (a pool of lanes) and,
+when the server refuses a batch as invalid, sends its items one by one so only the bad one is skipped.
 """
 
 from __future__ import annotations
