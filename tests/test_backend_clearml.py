@@ -201,10 +201,10 @@ def test_export_after_finish_fails_without_raising(clearml_home: Path) -> None:
     from opentelemetry.sdk.resources import Resource
 
     from otel_tracking.exporters import clearml as bridge
-    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters._base import TrackerContext
     from otel_tracking.signals.steps import step_batch
 
-    parts = bridge.open_bridge(BridgeContext(project="p", experiment="e", env=os.environ))
+    parts = bridge.open_tracker(TrackerContext(project="p", experiment="e", env=os.environ))
     batch = step_batch(Resource({}), 1, {"x": 1.0, "y": float("nan")}, {"s": "text"}, 0)
     assert parts.metrics.export(batch).name == "SUCCESS"
     parts.finish(0)

@@ -356,13 +356,13 @@ def test_unreachable_tracking_uri_proceeds_without_mlflow(
 def test_retry_sleep_between_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Three attempts, the configured sleep between them (5 s by default, as the reference)."""
     from otel_tracking.exporters import mlflow as bridge
-    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters._base import TrackerContext
 
     assert bridge.INIT_ATTEMPTS == 3 and bridge.INIT_RETRY_SLEEP_S == 5.0
     sleeps: list[float] = []
     monkeypatch.setattr(bridge.time, "sleep", sleeps.append)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    context = BridgeContext("p", "e", env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{readers.closed_port()}"})
+    context = TrackerContext("p", "e", env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{readers.closed_port()}"})
     assert bridge.MlflowSession.open(context) is None
     assert sleeps == [5.0, 5.0]
     sleeps.clear()

@@ -148,7 +148,7 @@ def test_api_key_goes_to_login_only_when_online(monkeypatch: pytest.MonkeyPatch)
     import swanlab
 
     from otel_tracking.exporters import swanlab as bridge
-    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters._base import TrackerContext
 
     calls: list[tuple[str, Any]] = []
 
@@ -157,8 +157,8 @@ def test_api_key_goes_to_login_only_when_online(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(swanlab, "login", lambda *a, **k: calls.append(("login", (a, k))))
     monkeypatch.setattr(swanlab, "init", lambda **k: calls.append(("init", k)) or FakeRun())
-    context = BridgeContext(project="p", experiment="e", config={"a": 1}, env={"SWANLAB_API_KEY": SECRET})
-    bridge.open_bridge(context)
+    context = TrackerContext(project="p", experiment="e", config={"a": 1}, env={"SWANLAB_API_KEY": SECRET})
+    bridge.open_tracker(context)
     assert calls[0] == ("login", ((SECRET,), {}))
     name, kwargs = calls[1]
     assert name == "init"
@@ -236,10 +236,10 @@ def test_export_after_finish_fails_without_raising(swanlab_env: Path) -> None:
     from opentelemetry.sdk.resources import Resource
 
     from otel_tracking.exporters import swanlab as bridge
-    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters._base import TrackerContext
     from otel_tracking.signals.steps import step_batch
 
-    parts = bridge.open_bridge(BridgeContext(project="p", experiment="e", env=os.environ))
+    parts = bridge.open_tracker(TrackerContext(project="p", experiment="e", env=os.environ))
     batch = step_batch(Resource({}), 1, {"x": 1.0}, {"s": "text"}, 0)
     assert parts.metrics.export(batch).name == "SUCCESS"
     parts.finish(0)

@@ -212,11 +212,11 @@ def test_exporters_return_failure_after_the_session_closed(isolated: Path) -> No
     from opentelemetry.sdk.metrics.export import MetricExportResult
     from opentelemetry.sdk.resources import Resource
 
-    from otel_tracking.exporters._base import BridgeContext
-    from otel_tracking.exporters.tensorboard import open_bridge
+    from otel_tracking.exporters._base import TrackerContext
+    from otel_tracking.exporters.tensorboard import open_tracker
     from otel_tracking.signals.steps import step_batch
 
-    parts = open_bridge(BridgeContext(project="p", experiment="e", env={}))
+    parts = open_tracker(TrackerContext(project="p", experiment="e", env={}))
     batch = step_batch(Resource.create({}), 1, {"x": 1.0}, {}, 1)
     assert parts.metrics.export(batch) is MetricExportResult.SUCCESS
     parts.finish(0)

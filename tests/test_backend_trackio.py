@@ -291,11 +291,11 @@ def test_exporters_return_failure_after_finish(trackio_env: str) -> None:
     from opentelemetry.sdk.metrics.export import MetricExportResult
     from opentelemetry.sdk.resources import Resource
 
-    from otel_tracking.exporters._base import BridgeContext
-    from otel_tracking.exporters.trackio import open_bridge
+    from otel_tracking.exporters._base import TrackerContext
+    from otel_tracking.exporters.trackio import open_tracker
     from otel_tracking.signals.steps import step_batch
 
-    parts = open_bridge(BridgeContext(project=trackio_env, experiment="e", env=os.environ))
+    parts = open_tracker(TrackerContext(project=trackio_env, experiment="e", env=os.environ))
     batch = step_batch(Resource.create({}), 1, {"x": 1.0}, {}, 1)
     assert parts.metrics.export(batch) is MetricExportResult.SUCCESS
     parts.finish(0)
@@ -375,10 +375,10 @@ def test_rows_carry_the_time_of_their_log_call(trackio_env: str) -> None:
 
     from trackio.sqlite_storage import SQLiteStorage
 
-    from otel_tracking.exporters._base import BridgeContext, StepRecord
+    from otel_tracking.exporters._base import StepRecord, TrackerContext
     from otel_tracking.exporters.trackio import TrackioSession
 
-    session = TrackioSession(BridgeContext(project=trackio_env, experiment="late", env=os.environ))
+    session = TrackioSession(TrackerContext(project=trackio_env, experiment="late", env=os.environ))
     hour_ago_ns = time.time_ns() - 3600 * 10**9
     logged = {step: hour_ago_ns + step * 60 * 10**9 for step in range(1, 6)}  # a minute apart, an hour ago
     for step, at in logged.items():
@@ -420,7 +420,7 @@ def test_rows_queued_directly_are_the_rows_run_log_writes(trackio_env: str, step
     bridge); every row, value and config must be what run.log writes for the same calls."""
     import trackio
 
-    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters._base import TrackerContext
     from otel_tracking.exporters.trackio import TrackioSession
 
     name = next(_RUNS)
@@ -429,7 +429,7 @@ def test_rows_queued_directly_are_the_rows_run_log_writes(trackio_env: str, step
         own.log(dict(data), step=step)
     trackio.finish()
 
-    context = BridgeContext(project=trackio_env, experiment=f"ours-{name}", env=os.environ, config={"lr": 0.1})
+    context = TrackerContext(project=trackio_env, experiment=f"ours-{name}", env=os.environ, config={"lr": 0.1})
     session = TrackioSession(context)
     assert session._queue_rows  # this Trackio has the internals: the direct path is what runs
     for data, step in steps:

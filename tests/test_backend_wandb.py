@@ -270,7 +270,7 @@ def test_config_none_no_trainer_proxy_and_odd_values(
 
     Tracking, _, Gen, _ = ours()
     from otel_tracking.exporters import wandb as bridge
-    from otel_tracking.exporters._base import BridgeContext, StepRecord
+    from otel_tracking.exporters._base import StepRecord, TrackerContext
 
     # config=None
     root = wandb_dir("none")
@@ -322,7 +322,7 @@ def test_config_none_no_trainer_proxy_and_odd_values(
     # the bridge alone: one value wandb refuses does not lose the others of its step, and is not a
     # failure (a retry could not help); a spool header's resume reattaches to the same run id
     root = wandb_dir("direct")
-    parts = bridge.open_bridge(BridgeContext(project="proj", experiment="direct", env=dict(os.environ)))
+    parts = bridge.open_tracker(TrackerContext(project="proj", experiment="direct", env=dict(os.environ)))
     result = parts.metrics.export(metrics_data(step=4, scalars={"ok": 2.0}, others={"bad": "x"}))
     assert result.name == "SUCCESS"
     parts.metrics.write(StepRecord(step=5, scalars={"ok": 3.0}, others={"bad": object()}))
@@ -333,8 +333,8 @@ def test_config_none_no_trainer_proxy_and_odd_values(
     assert parts.resume == {"id": first.run.run_id, "project": "proj", "entity": None}
 
     root = wandb_dir("resumed")
-    context = BridgeContext(project="ignored", experiment="direct", env=dict(os.environ), resume=parts.resume)
-    again = bridge.open_bridge(context)
+    context = TrackerContext(project="ignored", experiment="direct", env=dict(os.environ), resume=parts.resume)
+    again = bridge.open_tracker(context)
     again.metrics.write(StepRecord(step=6, scalars={"ok": 4.0}))
     again.finish(0)
     resumed = only_run(root)
@@ -509,12 +509,12 @@ def test_vemlp_wandb_open_bridge_injection_and_errors(
     from otel_tracking import Tracking
     from otel_tracking.config.settings import ConfigError
     from otel_tracking.exporters import vemlp_wandb
-    from otel_tracking.exporters._base import BridgeContext, StepRecord
+    from otel_tracking.exporters._base import StepRecord, TrackerContext
 
     root = wandb_dir("injected")
     injected = PlatformStandIn()
-    context = BridgeContext(project="proj", experiment="inj", config=None, env=dict(os.environ))
-    parts = vemlp_wandb.open_bridge(context, platform_module=injected)
+    context = TrackerContext(project="proj", experiment="inj", config=None, env=dict(os.environ))
+    parts = vemlp_wandb.open_tracker(context, platform_module=injected)
     assert injected.calls == [{"ak": SECRETS[2], "sk": SECRETS[3], "region": "cn-beijing"}]
     assert platform.calls == []  # the injected module, not the imported one
     parts.metrics.write(StepRecord(step=0, scalars={"loss": 0.5}))

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_tracking.delivery.engine import Policy
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.spool import Damaged, Spool, read_spool
-from otel_tracking.exporters._base import BridgeParts
+from otel_tracking.exporters._base import SinkParts
 
 _tracer = TracerProvider().get_tracer("invariant")
 
@@ -73,7 +73,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             path = self.root / "not-a-dir" / "t.jsonl"  # mkdir fails: every spool write fails
         self.spool_writable = spool_writable
         self.exporter = FaultyExporter()
-        self.sink = Sink("t", BridgeParts(spans=self.exporter))
+        self.sink = Sink("t", SinkParts(spans=self.exporter))
         policy = Policy(
             queue_size=queue_size,
             max_attempts=attempts,

@@ -32,7 +32,7 @@ from otel_tracking.config.policy import Policy
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.spool import Damaged, Spool, read_spool
 from otel_tracking.exporters import mlflow as mlflow_bridge
-from otel_tracking.exporters._base import BridgeParts
+from otel_tracking.exporters._base import SinkParts
 from otel_tracking.exporters._batching import Limits, lanes
 from otel_tracking.signals.steps import StepBatch
 
@@ -129,7 +129,7 @@ def test_any_steps_any_faults_every_point_once_within_the_limits_in_order(
     session = mlflow_bridge.MlflowSession(client, "run", "0", "http://127.0.0.1:9", "proj")
     root = Path(tempfile.mkdtemp(prefix="land-"))
     try:
-        sink = Sink("mlflow", BridgeParts(metrics=mlflow_bridge.EXPORTERS.metrics(session)))
+        sink = Sink("mlflow", SinkParts(metrics=mlflow_bridge.EXPORTERS.metrics(session)))
         policy = Policy(max_attempts=attempts, backoff_s=0.001, backoff_max_s=0.002, probe_interval_s=0.005)
         spool_path = root / "mlflow.jsonl"
         sink.start(Spool(spool_path, {"sink": "mlflow"}), policy, held=held)
@@ -206,7 +206,7 @@ def test_queued_steps_go_together_in_requests_of_up_to_a_thousand_metrics() -> N
     (four lanes a step) without grouping and 50 with one request a step."""
     client = FaultyMlflowClient([False], mlflow_bridge.BATCH_LIMITS)
     session = mlflow_bridge.MlflowSession(client, "run", "0", "http://127.0.0.1:9", "proj")
-    sink = Sink("mlflow", BridgeParts(metrics=mlflow_bridge.EXPORTERS.metrics(session)))
+    sink = Sink("mlflow", SinkParts(metrics=mlflow_bridge.EXPORTERS.metrics(session)))
     sink.start(None, Policy(), held=True)
     names = [f"actor/metric_{i}" for i in range(200)]
     for step in range(50):
@@ -220,18 +220,18 @@ def test_queued_steps_go_together_in_requests_of_up_to_a_thousand_metrics() -> N
 
 
 def test_a_tracker_without_a_bulk_path_stops_at_its_first_failure_so_steps_stay_in_order() -> None:
-    """wandb, SwanLab, ClearML and Trackio take one step per call (``BridgeSession.write_steps``'s
+    """wandb, SwanLab, ClearML and Trackio take one step per call (``TrackerSession.write_steps``'s
     default): after a step the backend did not take, the later ones are not tried, so that its
     retry does not land it after them."""
-    from otel_tracking.exporters._base import BridgeSession, StepRecord
+    from otel_tracking.exporters._base import StepRecord, TrackerSession
 
-    class OneStepAtATime(BridgeSession):
+    class OneStepAtATime(TrackerSession):
         def __init__(self) -> None:
             self.taken: list[int] = []
             self.failed_once: set[int] = set()
 
         @classmethod
-        def open(cls, context: Any) -> BridgeSession:
+        def open(cls, context: Any) -> TrackerSession:
             return cls()
 
         def write_step(self, record: StepRecord) -> bool:

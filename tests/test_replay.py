@@ -214,13 +214,13 @@ def test_ranks_sharing_a_run_id_spool_to_files_of_their_own(isolated: Path, monk
     from otel_tracking.config.settings import build_settings
     from otel_tracking.delivery.pipeline import Sink
     from otel_tracking.delivery.spool import sink_spool
-    from otel_tracking.exporters._base import BridgeParts
+    from otel_tracking.exporters._base import SinkParts
 
     paths = []
     for rank in ("0", "1"):
         env = {"OTEL_TRACKING_RUN_ID": "job-7", "RANK": rank, "OTEL_TRACKING_SPOOL_DIR": str(isolated)}
         settings = build_settings("proj", "exp", (), env=env)
-        sink = Sink("mlflow", BridgeParts(resume={"run_id": f"mlflow-run-of-rank-{rank}"}))
+        sink = Sink("mlflow", SinkParts(resume={"run_id": f"mlflow-run-of-rank-{rank}"}))
         spool = sink_spool(sink, settings, pid=1)
         assert spool is not None
         paths.append(spool.path)

@@ -611,11 +611,11 @@ def test_the_first_export_failure_says_why_once_without_credentials(caplog: pyte
     process too, whose stderr is the training process's), with credentials in URLs scrubbed."""
     import logging
 
-    from otel_tracking.exporters._base import BridgeMetricExporter, BridgeSession, StepRecord
+    from otel_tracking.exporters._base import StepRecord, TrackerMetricExporter, TrackerSession
 
-    class Refusing(BridgeSession):
+    class Refusing(TrackerSession):
         @classmethod
-        def open(cls, context: object) -> BridgeSession:
+        def open(cls, context: object) -> TrackerSession:
             return cls()
 
         def write_step(self, record: StepRecord) -> bool:
@@ -627,7 +627,7 @@ def test_the_first_export_failure_says_why_once_without_credentials(caplog: pyte
         def finish(self, exit_code: int = 0) -> None:
             return None
 
-    exporter = BridgeMetricExporter(Refusing())
+    exporter = TrackerMetricExporter(Refusing())
     record = StepRecord(step=1, scalars={"loss": 1.0})
     with caplog.at_level(logging.DEBUG, logger="otel_tracking"):
         for _ in range(3):
@@ -647,13 +647,13 @@ def test_a_trackers_own_error_quoting_its_credentials_is_scrubbed(
     """MLflow's error names the URL it failed on, password and all; the bridge's logger (a child
     of ``otel_tracking``, so it needs a filter of its own) prints it scrubbed."""
     from otel_tracking.exporters import mlflow as bridge
-    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters._base import TrackerContext
 
     marker = "Zq" + random_secrets.token_hex(12)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     env = {"MLFLOW_TRACKING_URI": f"http://mluser:{marker}@127.0.0.1:1"}  # nothing listens on port 1
     with caplog.at_level(logging.DEBUG):
-        assert bridge.MlflowSession.open(BridgeContext("p", "e", env=env), attempts=1, retry_sleep_s=0) is None
+        assert bridge.MlflowSession.open(TrackerContext("p", "e", env=env), attempts=1, retry_sleep_s=0) is None
     assert "attempt 1/1 failed: API request to http://<redacted>@127.0.0.1:1/" in caplog.text
     assert marker not in caplog.text and "mluser" not in caplog.text
 

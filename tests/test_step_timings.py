@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanContext
 
-from otel_tracking.exporters._base import BridgeContext, BridgeSession, BridgeSpanExporter, Event, StepRecord
+from otel_tracking.exporters._base import Event, StepRecord, TrackerContext, TrackerSession, TrackerSpanExporter
 
 _ids = itertools.count(1)
 
@@ -31,7 +31,7 @@ def span(name: str, step: int | None, start_ns: int, end_ns: int) -> ReadableSpa
     return ReadableSpan(name=name, context=context, attributes=attributes, start_time=start_ns, end_time=end_ns)
 
 
-class Recording(BridgeSession):
+class Recording(TrackerSession):
     """A backend that keeps every (step, key, seconds) written, and fails the writes it is told to."""
 
     def __init__(self, fail_calls: frozenset[int] = frozenset()) -> None:
@@ -40,7 +40,7 @@ class Recording(BridgeSession):
         self.calls = 0
 
     @classmethod
-    def open(cls, context: BridgeContext) -> Recording:
+    def open(cls, context: TrackerContext) -> Recording:
         return cls()
 
     def write_step(self, record: StepRecord) -> bool:
@@ -60,7 +60,7 @@ class Recording(BridgeSession):
         return None
 
 
-def export_with_retry(exporter: BridgeSpanExporter, batch: Sequence[Any]) -> None:
+def export_with_retry(exporter: TrackerSpanExporter, batch: Sequence[Any]) -> None:
     """What the delivery layer does with a FAILURE: the same batch again."""
     for _ in range(50):
         if exporter.export(batch) == SpanExportResult.SUCCESS:
@@ -70,7 +70,7 @@ def export_with_retry(exporter: BridgeSpanExporter, batch: Sequence[Any]) -> Non
 
 def test_four_lanes_of_one_step_are_one_value_per_key() -> None:
     session = Recording()
-    exporter = BridgeSpanExporter(session)
+    exporter = TrackerSpanExporter(session)
     ms = 1_000_000
     lanes = [span("generate", 3, start * ms, end * ms) for start, end in ((0, 40), (1, 25), (2, 70), (5, 30))]
     for lane in lanes:  # one export per span, as the facade's span processor hands them over
@@ -89,7 +89,7 @@ def test_a_later_step_closes_a_step_without_root_and_finish_flushes_the_last() -
     """A plain OTel setup has no ``ml.step`` root: the next step's first span ends a step, the
     exporter's shutdown the last one."""
     session = Recording()
-    exporter = BridgeSpanExporter(session)
+    exporter = TrackerSpanExporter(session)
     exporter.export([span("update", 1, 0, 10)])
     exporter.export([span("update", 1, 20, 50)])
     exporter.export([span("update", 2, 60, 70)])
@@ -101,7 +101,7 @@ def test_a_later_step_closes_a_step_without_root_and_finish_flushes_the_last() -
 def test_spans_without_a_step_count_at_the_last_step_written() -> None:
     session = Recording()
     session.last_step = 7
-    exporter = BridgeSpanExporter(session)
+    exporter = TrackerSpanExporter(session)
     exporter.export([span("plain", None, 0, 5), span("plain", None, 10, 20)])
     exporter.force_flush()
     assert [(s, k) for s, k, _ in session.written] == [(7, "timing_s/state/plain"), (7, "timing_s/state/plain/slowest")]
@@ -154,7 +154,7 @@ def test_one_value_per_key_and_step_whatever_the_batches_and_failures(
     ]
 
     session = Recording(fail_calls)
-    exporter = BridgeSpanExporter(session)
+    exporter = TrackerSpanExporter(session)
     for batch in batches:
         export_with_retry(exporter, batch)
     for _ in range(50):  # the flush at the end, retried like any other export
@@ -177,7 +177,7 @@ def test_the_first_steps_phases_take_their_roots_step() -> None:
     """Before the first log() a phase carries no ml.step: it waits for its trace's root, which
     says the step (1 here, not the last step written, 0)."""
     session = Recording()
-    exporter = BridgeSpanExporter(session)
+    exporter = TrackerSpanExporter(session)
     exporter.export([span("rollout", None, 0, 10)])
     exporter.export([span("rollout", None, 5, 30)])
     assert session.written == []

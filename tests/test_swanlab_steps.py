@@ -38,7 +38,7 @@ def test_steps_emitted_directly_are_the_records_run_log_writes(
 ) -> None:
     import swanlab
 
-    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters._base import TrackerContext
     from otel_tracking.exporters.swanlab import SwanLabSession
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -50,7 +50,7 @@ def test_steps_emitted_directly_are_the_records_run_log_writes(
     run.finish()
 
     env = {"SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(ours_dir)}
-    session = SwanLabSession(BridgeContext(project="p", experiment=f"ours-{name}", env=env))
+    session = SwanLabSession(TrackerContext(project="p", experiment=f"ours-{name}", env=env))
     assert session._steps is not None  # this SwanLab has the internals: the direct path is what runs
     for data, step in steps:
         session.log(dict(data), step)
@@ -60,12 +60,12 @@ def test_steps_emitted_directly_are_the_records_run_log_writes(
 
 
 def test_a_step_of_numbers_under_checked_keys_skips_run_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from otel_tracking.exporters._base import BridgeContext
+    from otel_tracking.exporters._base import TrackerContext
     from otel_tracking.exporters.swanlab import SwanLabSession
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     env = {"SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")}
-    session = SwanLabSession(BridgeContext(project="p", experiment="direct", env=env))
+    session = SwanLabSession(TrackerContext(project="p", experiment="direct", env=env))
     logged: list[int] = []
     run_log = session.run.log
     monkeypatch.setattr(session.run, "log", lambda data, step=None: (logged.append(step), run_log(data, step=step)))

@@ -2,10 +2,10 @@
 
 The reference's ``ValidationGenerationsLogger`` and ``DapoFilteredRewardTableLogger`` keep their
 signatures; each call emits one event on the current run.  The event's ``ml.backends`` attribute
-holds the ``loggers`` names the caller passed, and an ML bridge writes the event only when its
+holds the ``loggers`` names the caller passed, and an ML tracker writes the event only when its
 backend is named there (as the reference did); the file sink and OTLP record every event.
 
-Event shapes (the contract the bridges read):
+Event shapes (the contract the trackers read):
 
 ``ml.validation.generations``
     attributes: ``ml.step``, ``ml.key`` = ``"val/generations"``, ``ml.backends``

@@ -1,10 +1,10 @@
 """The bridge process itself: ``python -m otel_tracking.bridges.child <inbox fd> <outbox fd> <parent pid>``.
 
-It opens each tracker's bridge on a thread of its own (a slow or hung open delays no other) and
+It opens each tracker on a thread of its own (a slow or hung open delays no other) and
 reports each outcome; it hands every item it gets to ordinary :class:`Sink` objects (queue,
 retry, spool, as in one process), acknowledging each once that sink delivered or spooled it; it
 answers ``flush`` and ``finish``; and it ends on its own, as a crash, once the training process
-is gone (a watchdog makes sure of that whatever the bridges are doing).  The training process's
+is gone (a watchdog makes sure of that whatever the trackers are doing).  The training process's
 side is ``process.py``; the messages are listed in ``wire.py``.
 """
 
@@ -25,7 +25,6 @@ from typing import Any
 from otel_tracking.bridges.wire import (
     GRACE_S,
     Acks,
-    BridgeInfo,
     Failed,
     Finish,
     Finished,
@@ -35,6 +34,7 @@ from otel_tracking.bridges.wire import (
     Open,
     Opened,
     Progress,
+    TrackerInfo,
     decode_item,
 )
 from otel_tracking.config.run_config import RunConfig
@@ -52,7 +52,7 @@ _IMPORTING = threading.Lock()
 
 
 def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
-    """The bridge process: open the bridges (each on its own thread), feed them until told to
+    """The bridge process: open the trackers (each on its own thread), feed them until told to
     finish (or the training process is gone), acknowledging every item once each sink is done
     with it, then finish them and report the counts."""
     from otel_tracking.config.resource import build_resource
@@ -70,7 +70,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     settings, config, names = opening.settings, opening.config, opening.names
     sys.argv = opening.argv
     watchdog = _Watchdog(parent, settings.finish_timeout_s + GRACE_S, replies)
-    # Each sink's queue exists before its bridge opens: what arrives meanwhile waits there.
+    # Each sink's queue exists before its tracker opens: what arrives meanwhile waits there.
     sinks = {name: Sink(name, named_events_only=True) for name in names}
     for sink in sinks.values():
         sink.start(
@@ -83,7 +83,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     replies.start()
     for sink in sinks.values():
         opener = threading.Thread(
-            target=_open_bridge,
+            target=_open_tracker,
             args=(sink, settings, config, replies),
             name=f"otel-tracking-open-{sink.name}",
         )
@@ -105,16 +105,16 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     return 1
 
 
-def _open_bridge(sink: Sink, settings: Settings, config: RunConfig, replies: _Outbox) -> None:
+def _open_tracker(sink: Sink, settings: Settings, config: RunConfig, replies: _Outbox) -> None:
     """Open one tracker (a slow or hung one delays no other) and tell the training process how
     it went; its held items are then delivered in order, or spooled if it failed."""
-    from otel_tracking.delivery.registry import import_sdk, open_checked_bridge
+    from otel_tracking.delivery.registry import import_sdk, open_checked_tracker
 
     try:
         with _IMPORTING:
             import_sdk(sink.name)
-        parts = open_checked_bridge(sink.name, settings, config, in_bridge_process=True)
-    except BaseException as error:  # the top of this thread: every error is the bridge's outcome
+        parts = open_checked_tracker(sink.name, settings, config, in_bridge_process=True)
+    except BaseException as error:  # the top of this thread: every error is the tracker's outcome
         sink.give_up()
         kind = type(error)
         replies.tell(Failed(sink.name, kind.__name__, str(error), kind.__module__, kind.__qualname__))
@@ -128,7 +128,7 @@ def _open_bridge(sink: Sink, settings: Settings, config: RunConfig, replies: _Ou
     # as long as this process.  Frozen, it is no longer walked by every full collection, which
     # the objects of a burst of steps trigger (ClearML: about 0.15 s of a 200 x 200 burst).
     gc.freeze()
-    info = BridgeInfo(sink.metrics is not None, sink.spans is not None, sink.logs is not None, sink.where, sink.resume)
+    info = TrackerInfo(sink.metrics is not None, sink.spans is not None, sink.logs is not None, sink.where, sink.resume)
     replies.tell(Opened(sink.name, info))
 
 

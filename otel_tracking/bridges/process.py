@@ -1,4 +1,4 @@
-"""The ML bridges in a process of their own, so that their work never pauses the training loop.
+"""The ML trackers in a process of their own, so that their work never pauses the training loop.
 
 Trackers' SDKs are heavy guests: wandb, SwanLab, ClearML and MLflow bring large heaps (every full
 garbage collection walks them, pausing every thread) and busy threads of their own (every write
@@ -10,7 +10,7 @@ child process it costs nothing but handing the step over.
     log() -> RemoteSink --> SinkQueue [queue] -> pipe export --pipe--> Sink (queue, retry, spool) -> wandb
              RemoteSink --'  one message per log() call  [window]   '-> Sink (queue, retry, spool) -> MLflow
 
-The training process sends each log() call once (to all the bridges it is for), spans and log
+The training process sends each log() call once (to all the trackers it is for), spans and log
 records as the spool encodes them; the child hands them to ordinary :class:`Sink` objects, so
 retry, degraded state and spool work exactly as in one process.  On this side the link is an
 exporter behind the same :class:`~otel_tracking.delivery.engine.SinkQueue` every sink has (its bounded
@@ -19,7 +19,7 @@ the pipe (without blocking beyond a deadline, ``wire.write_frame``) and leaves i
 acknowledgement window, and completes asynchronously: a second pipe carries the child's answers
 back, acknowledgements (this item is delivered, spooled or dropped, for this sink: counted so at
 once) and the replies to ``flush()`` and ``finish()``.  If the child dies, the window, and what
-comes after, is set aside for each bridge a message was still pending for (``<sink>.link.jsonl``,
+comes after, is set aside for each tracker a message was still pending for (``<sink>.link.jsonl``,
 replayed like any spool): at least once, never lost (an item delivered shortly before a crash,
 whose acknowledgement had not come back yet, may arrive twice), counted once.  This module keeps
 only what is the link's own: spawning the child, the start window, and the acknowledgement window.
@@ -27,19 +27,19 @@ The child ignores SIGINT and SIGTERM (the training process finishes the run and 
 finish) and finishes on its own when the training process is gone.
 
 Opening a tracker can take long (SDK imports) or hang (a proxy that never answers, and MLflow's
-client waits 120 s a request).  So the child opens each bridge on a thread of its own and reports
-each outcome as it comes; ``Tracking()`` waits ``OTEL_TRACKING_START_TIMEOUT`` for them.  A bridge
+client waits 120 s a request).  So the child opens each tracker on a thread of its own and reports
+each outcome as it comes; ``Tracking()`` waits ``OTEL_TRACKING_START_TIMEOUT`` for them.  A tracker
 that fails by then raises there, as in one process; one still opening goes on in the background,
 its items waiting in its queue in the child (acknowledged only once delivered or spooled): it
 delivers them in order once it opens, or spools them, with a warning, if it fails.  A child that
 dies within the window (killed, a tracker SDK crashing at its import) is one warning: training goes
-on and every item for its bridges is spooled here.  A watchdog thread ends the child once the
+on and every item for its trackers is spooled here.  A watchdog thread ends the child once the
 training process is gone, whatever the child is doing.
 
 This module is the training process's side (the link); the child is ``child.py`` and the
 messages between them are listed in ``wire.py``.
 
-``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the bridges in the training process instead (for
+``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the trackers in the training process instead (for
 trackers' console capture of the training process's own output, see docs/architecture/bridge-process.md).
 """
 
@@ -65,7 +65,6 @@ from otel_tracking.bridges.wire import (
     GRACE_S,
     OPENING,
     Acks,
-    BridgeInfo,
     Failed,
     Finish,
     Finished,
@@ -75,6 +74,7 @@ from otel_tracking.bridges.wire import (
     Opened,
     Progress,
     Stuck,
+    TrackerInfo,
     encode_item,
     write_frame,
 )
@@ -83,7 +83,7 @@ from otel_tracking.config.settings import ConfigError, Settings
 from otel_tracking.delivery.engine import HURRY, Ledger, Policy, SinkQueue, item_count, set_aside
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.spool import Spool
-from otel_tracking.exporters._base import BridgeParts
+from otel_tracking.exporters._base import SinkParts
 from otel_tracking.signals.redact import scrub_text
 
 logger = logging.getLogger("otel_tracking")
@@ -93,7 +93,7 @@ _LINK = "message"  # the link's queue carries one kind of item: a _Message (coun
 
 class _Message:
     """One payload on its way to some of the child's sinks: a log() call goes out once, however
-    many bridges it is for.  Once on the pipe it has a ``seq`` and the names of the sinks that have
+    many trackers it is for.  Once on the pipe it has a ``seq`` and the names of the sinks that have
     not acknowledged it yet (``pending``, under the link's acknowledgement lock)."""
 
     __slots__ = ("kind", "names", "payload", "pending", "seq")
@@ -171,8 +171,8 @@ class BridgeProcess:
     # --- start -----------------------------------------------------------------------------------
 
     def open(self, names: Sequence[str], config: RunConfig) -> list[RemoteSink]:
-        """Have the child open the named bridges (each on its own thread) and wait for them up to
-        the start window; their remote sinks, in order.  A bridge that fails within the window
+        """Have the child open the named trackers (each on its own thread) and wait for them up to
+        the start window; their remote sinks, in order.  A tracker that fails within the window
         raises here, as it would in one process; one still opening after it opens in the
         background (one warning names it) and its items wait for it in the child."""
         settings = replace(self.settings, env=dict(self.settings.env))
@@ -218,8 +218,8 @@ class BridgeProcess:
         return [self.sinks[name] for name in names]
 
     def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, Opened | Failed], bool]:
-        """Wait until every bridge opened, one failed, the child is gone, or ``deadline``; then close
-        the window: every bridge gets its remote sink now, and later outcomes are the reader's to
+        """Wait until every tracker opened, one failed, the child is gone, or ``deadline``; then close
+        the window: every tracker gets its remote sink now, and later outcomes are the reader's to
         handle.  (outcomes within the window, whether the child is gone)."""
         with self._opening:
             while not (
@@ -257,14 +257,14 @@ class BridgeProcess:
             self.sinks[name].where = "the bridge process exited before it opened: spooled"
 
     def _abort(self) -> None:
-        """A bridge failed to open: the child ends the runs that did open (as failed) and exits."""
+        """A tracker failed to open: the child ends the runs that did open (as failed) and exits."""
         self._request(Finish(1, 0.0), Finished, GRACE_S)
         self._reap(timeout_s=5.0)
 
     # --- the training thread's side --------------------------------------------------------------
 
     def submit(self, names: Sequence[str], kind: str, payload: Any) -> None:
-        """Hand one item to the named bridges (pipeline.export_to gathers them); never blocks."""
+        """Hand one item to the named trackers (pipeline.export_to gathers them); never blocks."""
         assert self._queue is not None, "the remote sinks exist once open() has started the link"
         self._queue.submit(_LINK, _Message(kind, payload, names))
 
@@ -273,7 +273,7 @@ class BridgeProcess:
         return self._queue is None or self._queue.flush(timeout_s)
 
     def ledger(self) -> Ledger:
-        """The link's per-instant ledger, in messages (one per item, for all its bridges):
+        """The link's per-instant ledger, in messages (one per item, for all its trackers):
         ``delivered`` is "on the pipe", awaiting acknowledgement or acknowledged."""
         return self._queue.snapshot() if self._queue is not None else Ledger()
 
@@ -296,7 +296,7 @@ class BridgeProcess:
         return True
 
     def _keep(self, kind: str, message: _Message) -> str:
-        """Spool a message for each bridge still waiting for it (every one, if it never reached the
+        """Spool a message for each tracker still waiting for it (every one, if it never reached the
         pipe); whoever comes first (the link's queue giving it up, the child's death) spools it,
         and only once.  Its outcome for the queue's ledger."""
         with self._ack_lock:
@@ -356,7 +356,7 @@ class BridgeProcess:
             self.sinks[name].count(outcome, n)
 
     def _outcome(self, outcome: Opened | Failed) -> None:
-        """A bridge opened or failed: open() takes it while it waits; after that, the remote sink."""
+        """A tracker opened or failed: open() takes it while it waits; after that, the remote sink."""
         name = outcome.name
         with self._opening:
             if self._window_open:
@@ -497,7 +497,7 @@ class BridgeProcess:
         if self._reader is not None:  # it sees the pipe close and spools what was unacknowledged
             self._reader.join(GRACE_S)
         self._child_gone()  # (if it could not)
-        for sink in self.sinks.values():  # no bridge ended its backend's run: replay will
+        for sink in self.sinks.values():  # no tracker ended its backend's run: replay will
             sink.spool_end(exit_code)
 
     def child_stats(self, name: str) -> dict[str, int]:
@@ -530,15 +530,15 @@ class BridgeProcess:
 
 
 class RemoteSink(Sink):
-    """A bridge running in the bridge process, as the training process's run sees it: what it
+    """A tracker running in the bridge process, as the training process's run sees it: what it
     gets goes to the link; counts are the child's, plus what this side had to spool."""
 
-    def __init__(self, link: BridgeProcess, name: str, info: BridgeInfo) -> None:
-        # Its exporters are in the child: what it takes is what the child said its bridge takes.
-        super().__init__(name, BridgeParts(where=info.where, resume=info.resume), named_events_only=True)
+    def __init__(self, link: BridgeProcess, name: str, info: TrackerInfo) -> None:
+        # Its exporters are in the child: what it takes is what the child said its tracker takes.
+        super().__init__(name, SinkParts(where=info.where, resume=info.resume), named_events_only=True)
         self.info = info
         self.link = link
-        self.transport = link  # what the run hands it goes to the link, once for all the bridges
+        self.transport = link  # what the run hands it goes to the link, once for all the trackers
         self._spool: Spool | None = None
 
     def start(
@@ -557,8 +557,8 @@ class RemoteSink(Sink):
     def takes(self, kind: str) -> bool:
         return bool(getattr(self.info, kind))
 
-    def opened_late(self, info: BridgeInfo) -> None:
-        """The bridge opened after the start window: what it was sent meanwhile is delivered now."""
+    def opened_late(self, info: TrackerInfo) -> None:
+        """The tracker opened after the start window: what it was sent meanwhile is delivered now."""
         self.info = info
         self.resume = info.resume
         # The run's record first: once the sink says where it writes, a job killed can resume into it.
@@ -573,7 +573,7 @@ class RemoteSink(Sink):
             logger.info("otel-tracking: %s opened: %s", self.name, self.where)
 
     def failed_late(self, error: str) -> None:
-        """The bridge failed after the start window: the child spools everything for it."""
+        """The tracker failed after the start window: the child spools everything for it."""
         self.where = f"did not open ({error}): spooled"
         logger.warning(
             "otel-tracking: %s did not open (%s); what was logged for it, and everything after, is "
@@ -587,7 +587,7 @@ class RemoteSink(Sink):
         return set_aside(self.name, self._spool, kind, payload, self.count)
 
     def spool_end(self, exit_code: int) -> None:
-        """The run ended and this bridge could not end the backend's run: the last spool record
+        """The run ended and this tracker could not end the backend's run: the last spool record
         says how it ended, and replay ends the run so (MLflow FINISHED or FAILED, not RUNNING)."""
         if self._spool is None:
             return
@@ -632,7 +632,7 @@ def _picklable(config: Any) -> Any:
     try:
         pickle.dumps(config)
         return config
-    except Exception:  # an object in the config that cannot cross: the bridges get its text, as in JSON
+    except Exception:  # an object in the config that cannot cross: the trackers get its text, as in JSON
         return json.loads(json.dumps(config, default=str))
 
 

@@ -6,8 +6,8 @@ of the dataclasses below.
 
 Training process -> bridge process (``process.py`` sends, ``child.py`` reads):
 
-    Open(settings, config, names, argv)          the first message: open these bridges (config: a
-                                                 run_config.RunConfig, redacted, with what bridges
+    Open(settings, config, names, argv)          the first message: open these trackers (config: a
+                                                 run_config.RunConfig, redacted, with what trackers
                                                  use as is, e.g. wandb's proxy; argv scrubbed)
     Item(kind, seq, names, body)                 a log() call ("metrics", body: StepBody), or a
                                                  batch of spans or log records (codec's encoding)
@@ -16,7 +16,7 @@ Training process -> bridge process (``process.py`` sends, ``child.py`` reads):
 
 Bridge process -> training process:
 
-    Opened(name, info)                           info: what the bridge takes, where, resume
+    Opened(name, info)                           info: what the tracker takes, where, resume
     Failed(name, type_name, message, module, qualname)
     Acks([(seq, name, outcome), ...])            these items reached their end for that sink:
                                                  "delivered", "spooled" or "dropped"
@@ -132,8 +132,8 @@ class Finish:
 
 
 @dataclass(frozen=True, slots=True)
-class BridgeInfo:
-    """What an opened bridge takes and where it writes (a RemoteSink's view of it)."""
+class TrackerInfo:
+    """What an opened tracker takes and where it writes (a RemoteSink's view of it)."""
 
     metrics: bool
     spans: bool
@@ -142,14 +142,14 @@ class BridgeInfo:
     resume: dict[str, Any] | None
 
 
-# What the training process assumes of a bridge still opening: it may take everything.
-OPENING = BridgeInfo(True, True, True, "opening in the otel-tracking bridge process", None)
+# What the training process assumes of a tracker still opening: it may take everything.
+OPENING = TrackerInfo(True, True, True, "opening in the otel-tracking bridge process", None)
 
 
 @dataclass(frozen=True, slots=True)
 class Opened:
     name: str
-    info: BridgeInfo
+    info: TrackerInfo
 
 
 @dataclass(frozen=True, slots=True)

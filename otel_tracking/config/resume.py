@@ -20,7 +20,7 @@ killed with SIGKILL leaves a record that names every tracker run it had opened.
 
 A resume that finds no record starts a new run (with the given run id, if one was given) and says
 so in one line on stderr.  Found: the run id is kept, ``ml.run.attempt`` is the record's plus one,
-and each tracker is opened with what its record entry says (``BridgeContext.resume``).
+and each tracker is opened with what its record entry says (``TrackerContext.resume``).
 
 Where the resumed job restarts, the *checkpoint step* ``c``: what the killed job logged at steps
 after ``c`` is superseded; up to ``c`` it stands.  ``OTEL_TRACKING_RESUME_STEP`` says it; else verl's

@@ -20,8 +20,8 @@ from otel_tracking.signals.redact import redact_config
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The run's config as the bridges get it, made once, where ``Tracking`` takes it: redacted
-    (``recorded``: what trackers record, as params or the run's config), and the values a bridge
+    """The run's config as the trackers get it, made once, where ``Tracking`` takes it: redacted
+    (``recorded``: what trackers record, as params or the run's config), and the values a tracker
     uses as they are (``inputs``, taken before redaction: today ``trainer.wandb_proxy``, which
     wandb must reach with the credentials in its URL while the config it records says
     ``http://<redacted>@proxy:8080``), never logged or recorded; and the step of the checkpoint a

@@ -1,7 +1,7 @@
 """The runtime's variables (``OTEL_*``, ``OTEL_TRACKING_*``) are read here, but for those that say
 where files go (``paths.py``) and the set a driver hands its workers
 (``distributed/environment.py``); docs/architecture/design-notes.md says which other module reads which
-variable (each bridge its backend's, replay its destinations, the CLI its own, the verl switch, the
+variable (each tracker its backend's, replay its destinations, the CLI its own, the verl switch, the
 stack's cache).
 
 The facade builds one :class:`Settings` per run from explicit arguments plus the environment; the
@@ -124,7 +124,7 @@ class Settings:
     delivery: Policy = field(default_factory=Policy)
     finish_timeout_s: float = 30.0
     start_timeout_s: float = 5.0  # how long Tracking() waits for the bridge process to open the trackers
-    bridge_process: bool = True  # the ML bridges run in a child process (bridges/process.py)
+    bridge_process: bool = True  # the ML trackers run in a child process (bridges/process.py)
     spool_dir: Path = Path("spool")
     spool_writable: bool | None = None  # None: not checked yet (spool.check_spool_dir)
     file_path: Path | None = None

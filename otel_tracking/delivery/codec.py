@@ -253,7 +253,7 @@ def _as_is(value: Any) -> Any:
     return value
 
 
-# "end" is not an item: the spool's last record when the run ended without its bridge ending the
+# "end" is not an item: the spool's last record when the run ended without its tracker ending the
 # backend's run (the bridge process was gone), ``{"exit_code": n}``; replay ends the run with it.
 ENCODERS: dict[str, Callable[[Any], Any]] = {
     "metrics": encode_metrics,

@@ -141,7 +141,7 @@ class SinkQueue:
     "dropped"), by the token it was submitted with; ``progressed()``, when given, hears when part
     of a group landed before any of its items is settled.  ``held``: the backend is still opening (see
     :meth:`release`).  ``set_aside(kind, payload) -> outcome``, when given, keeps what cannot be
-    delivered instead of ``spool`` (the bridge link spools an item for each bridge it is for).
+    delivered instead of ``spool`` (the bridge link spools an item for each tracker it is for).
 
     Every move of an item (handed, queued, taken, delivered, spooled, dropped) happens under one
     condition lock together with its count in :attr:`ledger`; exports and retry waits happen

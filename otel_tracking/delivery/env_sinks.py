@@ -19,10 +19,10 @@ from otel_tracking.delivery.registry import (
     SUPPORTED_BACKENDS,
     WRITTEN_AT_ONCE,
     build_checked_sink,
-    check_bridge,
-    is_bridge,
+    check_tracker,
+    is_tracker,
 )
-from otel_tracking.exporters._base import BridgeParts
+from otel_tracking.exporters._base import SinkParts
 
 _GROUPS = {
     "metrics": "opentelemetry_metrics_exporter",
@@ -51,8 +51,8 @@ def check_env_sinks(settings: Settings, taken: Iterable[str]) -> None:
     name that is neither one of our backends nor an installed entry point, a tracker's setup."""
     for name, signals in _env_sink_names(settings, taken).items():
         if name in SUPPORTED_BACKENDS and name != "rl_insight":
-            if is_bridge(name):
-                check_bridge(name, settings)
+            if is_tracker(name):
+                check_tracker(name, settings)
             continue
         for signal in signals:
             _load_entry_point(signal, name)
@@ -94,7 +94,7 @@ def _env_sink(name: str, signals: set[str], settings: Settings, config: RunConfi
         sink.exporters = sink.exporters.only({SIGNAL_PART[signal] for signal in signals})
         return sink
     exporters = {signal: _load_entry_point(signal, name)() for signal in signals}
-    parts = BridgeParts(
+    parts = SinkParts(
         metrics=exporters.get("metrics"),
         spans=exporters.get("traces"),
         logs=exporters.get("logs"),

@@ -18,7 +18,7 @@ from otel_tracking.compat.otlp_failures import explain_failures
 from otel_tracking.config.settings import Settings, describe_otlp
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.registry import SIGNAL_PART
-from otel_tracking.exporters._base import BridgeParts
+from otel_tracking.exporters._base import SinkParts
 from otel_tracking.signals.redact import scrub_text
 
 logger = logging.getLogger("otel_tracking")
@@ -78,7 +78,7 @@ def build_otlp_sinks(settings: Settings, remembered: Mapping[str, str] | None = 
             endpoint = remembered[signal]
             signal_args = {**args, "endpoint": endpoint}
             signal_where = f"OTLP {otlp.protocol} -> {endpoint} (the run's endpoint, kept in its spool)"
-        parts = BridgeParts(
+        parts = SinkParts(
             **{SIGNAL_PART[signal]: explain_failures(one_try_per_export(exporters[signal](**signal_args)))},
             where=signal_where,
             # In the spool header: replay sends to the same endpoint unless a variable says

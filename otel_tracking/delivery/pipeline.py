@@ -31,7 +31,7 @@ from otel_tracking.compat.otel_sdk import LogRecordProcessor, ReadableLogRecord,
 from otel_tracking.config.policy import Policy
 from otel_tracking.delivery.engine import SinkQueue, item_count
 from otel_tracking.delivery.spool import Spool
-from otel_tracking.exporters._base import BridgeParts
+from otel_tracking.exporters._base import SinkParts
 from otel_tracking.signals import semconv
 from otel_tracking.signals.redact import scrubbed_logger
 from otel_tracking.signals.steps import StepBatch, materialize
@@ -122,17 +122,17 @@ def _method(exporter: Any, name: str) -> Callable[..., Any] | None:
 
 class Sink:
     """One backend, guarded and counted; inline or behind a queue.  ``parts``: its exporters, the
-    call that ends its run, where it writes, how to reattach (what a bridge's ``open_bridge``
-    returns); none yet for a bridge still opening (:meth:`attach`).  ``inline``: called on the
+    call that ends its run, where it writes, how to reattach (what a tracker's ``open_tracker``
+    returns); none yet for a tracker still opening (:meth:`attach`).  ``inline``: called on the
     caller's thread (file, console: on disk when log() returns).  ``named_events_only``: an ML
-    bridge writes an event (generations, tables) only when the caller named its backend in the
+    tracker writes an event (generations, tables) only when the caller named its backend in the
     ``ml.backends`` attribute, as the reference did; file and OTLP record every event.
     ``policy``: this sink's own retry policy, instead of the run's."""
 
     def __init__(
         self,
         name: str,
-        parts: BridgeParts | None = None,
+        parts: SinkParts | None = None,
         *,
         inline: bool = False,
         named_events_only: bool = False,
@@ -142,8 +142,8 @@ class Sink:
         self.inline = inline
         self.named_events_only = named_events_only
         self.policy = policy
-        self._take(parts or BridgeParts())
-        # Told (name, resume) when a bridge opened after the run started: the run's reattach record.
+        self._take(parts or SinkParts())
+        # Told (name, resume) when a tracker opened after the run started: the run's reattach record.
         self.on_resume: Callable[[str, dict[str, Any] | None], Any] | None = None
         self.transport: Transport | None = None  # set when its exporters are elsewhere (see export_to)
         self.stats = SinkStats()
@@ -151,9 +151,9 @@ class Sink:
         self._lock = threading.Lock()
         self._warned = False
         self._finished = False
-        self._sealed = False  # finished past its exporters: a bridge opening now is too late
+        self._sealed = False  # finished past its exporters: a tracker opening now is too late
 
-    def _take(self, parts: BridgeParts) -> None:
+    def _take(self, parts: SinkParts) -> None:
         self.exporters = Exporters.of(parts.metrics, parts.spans, parts.logs)
         self._on_finish = parts.finish
         self.where = parts.where  # shown to the user at the end of a run: where this sink wrote
@@ -185,9 +185,9 @@ class Sink:
                 progressed=progressed,
             )
 
-    def attach(self, parts: BridgeParts) -> bool:
-        """Take the exporters of the bridge that just opened; a held queue then delivers what
-        waited, in order (or spools it, when the bridge opened with nothing to write to: MLflow
+    def attach(self, parts: SinkParts) -> bool:
+        """Take the exporters of the tracker that just opened; a held queue then delivers what
+        waited, in order (or spools it, when the tracker opened with nothing to write to: MLflow
         not reachable).  False when the sink was finished first: the caller ends the late run."""
         with self._lock:
             if self._sealed:

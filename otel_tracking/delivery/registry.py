@@ -1,10 +1,10 @@
-"""Our backend names to sinks: the trackers' bridges, and the file and console sinks.
+"""Our backend names to sinks: the trackers, and the file and console sinks.
 
 The facade's ``default_backend`` names (verl's ten) resolve here, and so do those names when an
 ``OTEL_*_EXPORTER`` variable names one (``env_sinks.py``); the OTLP sinks are ``otlp_sinks.py``'s.
-Each tracker's bridge lives in ``otel_tracking.exporters.<module>`` and exposes
-``open_bridge(BridgeContext) -> BridgeParts``; it is imported only when its backend is asked for,
-so ``import otel_tracking`` never imports a tracker's SDK.  :func:`check_bridge` finds what is
+Each tracker lives in ``otel_tracking.exporters.<module>`` and exposes
+``open_tracker(TrackerContext) -> SinkParts``; it is imported only when its backend is asked for,
+so ``import otel_tracking`` never imports a tracker's SDK.  :func:`check_tracker` finds what is
 wrong (a missing package, a bad setting) before anything opens.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 from otel_tracking.config.run_config import RunConfig, restart_step
 from otel_tracking.config.settings import ConfigError, Settings
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.exporters._base import BridgeParts
+from otel_tracking.exporters._base import SinkParts
 
 SUPPORTED_BACKENDS: tuple[str, ...] = (
     "wandb",
@@ -41,7 +41,7 @@ SUPPORTED_BACKENDS: tuple[str, ...] = (
 WRITTEN_AT_ONCE = ("file", "console")
 
 # backend name -> module under otel_tracking.exporters
-_BRIDGES = {
+_TRACKERS = {
     "wandb": "wandb",
     "vemlp_wandb": "vemlp_wandb",
     "mlflow": "mlflow",
@@ -62,7 +62,7 @@ _SDKS = {
 }
 logger = logging.getLogger("otel_tracking")
 
-# a signal -> the BridgeParts field of its exporter
+# a signal -> the SinkParts field of its exporter
 SIGNAL_PART = {"metrics": "metrics", "traces": "spans", "logs": "logs"}
 
 
@@ -90,7 +90,7 @@ def build_sink(
         where = [f"{files.path.resolve()} (metrics)"] if metrics else []
         if wanted & {"traces", "logs"}:
             where.append(f"{files.events_path.resolve()} (spans, events)")
-        parts = BridgeParts(
+        parts = SinkParts(
             metrics=FileMetricExporter(files) if metrics else None,
             spans=FileSpanExporter(files),
             logs=FileLogExporter(files),
@@ -100,8 +100,8 @@ def build_sink(
     if name == "console":
         from otel_tracking.exporters.console import ConsoleMetricExporter
 
-        return Sink("console", BridgeParts(metrics=ConsoleMetricExporter(), where="stdout"), inline=True)
-    return Sink(name, open_bridge(name, settings, config, resume), named_events_only=True)
+        return Sink("console", SinkParts(metrics=ConsoleMetricExporter(), where="stdout"), inline=True)
+    return Sink(name, open_tracker(name, settings, config, resume), named_events_only=True)
 
 
 def build_checked_sink(
@@ -112,20 +112,20 @@ def build_checked_sink(
         return build_sink(name, settings, config, resume, signals)
 
 
-def open_bridge(
+def open_tracker(
     name: str, settings: Settings, config: RunConfig, resume: Any = None, in_bridge_process: bool = False
-) -> BridgeParts:
+) -> SinkParts:
     """Open one tracker's run (this may take long: imports, a server); its exporters."""
-    if name not in _BRIDGES:
+    if name not in _TRACKERS:
         raise ConfigError(f"{name!r} is not a backend; supported: {', '.join(SUPPORTED_BACKENDS)}")
-    check_bridge(name, settings)
-    from otel_tracking.exporters._base import BridgeContext
+    check_tracker(name, settings)
+    from otel_tracking.exporters._base import TrackerContext
 
     continuing = resume is None and settings.resumed is not None
     if continuing:  # OTEL_TRACKING_RESUME found the previous attempt: reattach to its run of this tracker
         assert settings.resumed is not None
         resume = settings.resumed.backends.get(name)
-    context = BridgeContext(
+    context = TrackerContext(
         project=settings.project,
         experiment=settings.experiment,
         config=config.recorded,
@@ -138,16 +138,16 @@ def open_bridge(
         checkpoint_step=restart_step(settings, config) if continuing else None,
         in_bridge_process=in_bridge_process,
     )
-    parts: BridgeParts = _bridge_module(name).open_bridge(context)
+    parts: SinkParts = _tracker_module(name).open_tracker(context)
     return parts
 
 
-def open_checked_bridge(
+def open_checked_tracker(
     name: str, settings: Settings, config: RunConfig, in_bridge_process: bool = False
-) -> BridgeParts:
-    """:func:`open_bridge`, with the errors a user can act on said plainly."""
+) -> SinkParts:
+    """:func:`open_tracker`, with the errors a user can act on said plainly."""
     with _plain_errors(name):
-        return open_bridge(name, settings, config, in_bridge_process=in_bridge_process)
+        return open_tracker(name, settings, config, in_bridge_process=in_bridge_process)
 
 
 @contextlib.contextmanager
@@ -162,10 +162,10 @@ def _plain_errors(name: str) -> Iterator[None]:
         raise ConfigError(f"backend {name!r} cannot write where it should: {error}") from error
 
 
-def check_bridge(name: str, settings: Settings) -> None:
+def check_tracker(name: str, settings: Settings) -> None:
     """What is wrong with a tracker's setup that needs no server to find, found in milliseconds and
     without importing its SDK: a missing package (one rule for every tracker: ``ConfigError``
-    naming the extra to install) and the bridge's own ``check_environment`` (e.g. an MLflow
+    naming the extra to install) and the tracker's own ``check_environment`` (e.g. an MLflow
     tracking URI MLflow would refuse)."""
     package = _SDKS[name]
     if not _installed(package):
@@ -175,13 +175,13 @@ def check_bridge(name: str, settings: Settings) -> None:
                 "which is not installed in this environment"
             )
         raise ConfigError(f"backend {name!r} needs the {package!r} package: pip install 'otel-tracking[{name}]'")
-    check = getattr(_bridge_module(name), "check_environment", None)
+    check = getattr(_tracker_module(name), "check_environment", None)
     if check is not None:
         check(settings.env)
 
 
 def import_sdk(name: str) -> None:
-    """Import the tracker's SDK package (what :func:`open_bridge` would import first anyway)."""
+    """Import the tracker's SDK package (what :func:`open_tracker` would import first anyway)."""
     with _plain_errors(name):
         importlib.import_module(_SDKS[name])
 
@@ -196,11 +196,11 @@ def _installed(package: str) -> bool:
         return False
 
 
-def _bridge_module(name: str) -> Any:
-    """The bridge's module: light, its SDK is imported only when a run is opened."""
-    return importlib.import_module(f"otel_tracking.exporters.{_BRIDGES[name]}")
+def _tracker_module(name: str) -> Any:
+    """The tracker's module: light, its SDK is imported only when a run is opened."""
+    return importlib.import_module(f"otel_tracking.exporters.{_TRACKERS[name]}")
 
 
-def is_bridge(name: str) -> bool:
-    """An ML tracker's bridge (runs in the bridge process unless OTEL_TRACKING_BRIDGE_PROCESS=false)."""
-    return name in _BRIDGES
+def is_tracker(name: str) -> bool:
+    """An ML tracker (runs in the bridge process unless OTEL_TRACKING_BRIDGE_PROCESS=false)."""
+    return name in _TRACKERS

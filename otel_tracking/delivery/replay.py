@@ -3,7 +3,7 @@
 Each spool file (``<spool dir>/<project>/<experiment>-<run id>/<sink>.jsonl``) starts with a header
 naming the sink and the run; replay rebuilds that sink from the header and the *current*
 environment (so point ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``MLFLOW_TRACKING_URI`` where the data
-should go now), reattaches to the backend's run where the bridge supports it (MLflow: the same run
+should go now), reattaches to the backend's run where the tracker supports it (MLflow: the same run
 id), and exports every item in order.  A fully replayed file is renamed ``*.replayed`` (so nothing
 is delivered twice; naming one is refused); items that still fail are written back for the next
 replay.  It says, per file, what was delivered (in records, and in the items a run's summary
@@ -294,7 +294,7 @@ def replay_file(
             out.write(f"{path}: its header is damaged; nothing to rebuild the sink from; skipped\n")
             return _counts(damaged=1, skipped=1)
         ended = _end_record(path)
-        if ended is not None:  # the run ended without its bridge: replay ends the backend's run
+        if ended is not None:  # the run ended without its tracker: replay ends the backend's run
             header = {**header, "resume": {**(header.get("resume") or {}), "end_run": True}}
         sink = rebuild_sink(header, env)
         out.write(f"{header['sink']}: {path} -> {sink.where or 'its backend'}\n")

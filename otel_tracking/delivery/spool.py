@@ -53,7 +53,7 @@ class Spool:
             self._file.write(line)
 
     def end(self, exit_code: int) -> None:
-        """The last record when the run ended without a bridge ending the backend's run (the
+        """The last record when the run ended without a tracker ending the backend's run (the
         bridge process died, or the backend never opened): replay ends that run with this code."""
         self.write("end", {"exit_code": exit_code})
         self.close()

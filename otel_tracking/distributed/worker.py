@@ -250,12 +250,12 @@ class _NoExporter(SpanExporter):
 
 def _spool_only_traces(settings: Settings) -> Any:
     from otel_tracking.delivery.pipeline import Sink
-    from otel_tracking.exporters._base import BridgeParts
+    from otel_tracking.exporters._base import SinkParts
 
     where = str(settings.spool_dir / "otlp-traces.jsonl")
     # One attempt, then degraded for good: every span goes straight to the spool, no retries.
     policy = dataclasses.replace(settings.delivery, max_attempts=1, probe_interval_s=math.inf)
-    return Sink("otlp-traces", BridgeParts(spans=_NoExporter(where), where=f"spooled: {where}"), policy=policy)
+    return Sink("otlp-traces", SinkParts(spans=_NoExporter(where), where=f"spooled: {where}"), policy=policy)
 
 
 __all__ = [

@@ -1,6 +1,6 @@
-"""What every ML-tracker bridge shares: turning OTel data back into (step, key, value) records.
+"""What every ML tracker shares: turning OTel data back into (step, key, value) records.
 
-Bridges are plain, synchronous OTel exporters.  They work on any ``MetricsData``:
+Trackers are plain, synchronous OTel exporters.  They work on any ``MetricsData``:
 
 * from the otel-tracking facade, one batch per ``log()`` call, whose first metric is the step gauge
   ``train.step`` and whose other gauges are named exactly as the caller wrote the keys;
@@ -11,7 +11,7 @@ Bridges are plain, synchronous OTel exporters.  They work on any ``MetricsData``
 
 The queue, the retries of a failed export and the spool are the delivery layer's (each sink's
 ``SinkQueue``, ``delivery/engine.py``): an export makes one attempt and says what did not land.
-Within that attempt a bridge does what its tracker's API asks: MLflow's opens its run with
+Within that attempt an exporter does what its tracker's API asks: MLflow's opens its run with
 attempts of its own, sends a burst's points as several requests at once (a pool of lanes) and,
 when the server refuses a batch as invalid, sends its items one by one so only the bad one is skipped.
 """
@@ -75,16 +75,16 @@ def _delta_for_all() -> dict[type, AggregationTemporality]:
 
 
 @dataclass(frozen=True)
-class BridgeContext:
-    """What a bridge needs to open its backend's run.  ``config`` is already redacted; ``env`` is the
-    environment mapping the run's settings were read from (bridges read their backend's own
+class TrackerContext:
+    """What a tracker needs to open its backend's run.  ``config`` is already redacted; ``env`` is the
+    environment mapping the run's settings were read from (trackers read their backend's own
     variables, e.g. WANDB_ENTITY, from it and from nowhere else)."""
 
     project: str
     experiment: str
     config: Any = None
     env: Mapping[str, str] = field(default_factory=dict)
-    # Config values the bridge uses as they are (``run_config.RunConfig.inputs``: ``wandb_proxy``),
+    # Config values the tracker uses as they are (``run_config.RunConfig.inputs``: ``wandb_proxy``),
     # never to be recorded: ``config`` has them redacted.
     inputs: Mapping[str, str] = field(default_factory=dict)
     run_id: str | None = None
@@ -102,22 +102,22 @@ class BridgeContext:
     in_bridge_process: bool = False
 
     @classmethod
-    def from_env(cls) -> BridgeContext:
+    def from_env(cls) -> TrackerContext:
         """For exporters built with no arguments by a plain OTel SDK setup."""
         project, experiment = settings.identity_from_env()
         return cls(project=project, experiment=experiment, env=os.environ)
 
 
 @dataclass
-class BridgeParts:
-    """One backend's exporters, sharing that backend's session, as ``open_bridge`` returns them."""
+class SinkParts:
+    """One backend's exporters, sharing that backend's session, as ``open_tracker`` returns them."""
 
     metrics: MetricExporter | None = None
     spans: Any = None  # SpanExporter
     logs: Any = None  # LogRecordExporter
     finish: Callable[[int], None] | None = None  # ends the backend's run with the exit code
     where: str | None = None  # where the data went, for the end-of-run summary
-    resume: dict[str, Any] | None = None  # what open_bridge needs (as context.resume) to reattach to this run
+    resume: dict[str, Any] | None = None  # what open_tracker needs (as context.resume) to reattach to this run
 
 
 def _series_key(name: str, attributes: Any) -> str:
@@ -127,7 +127,7 @@ def _series_key(name: str, attributes: Any) -> str:
 
 
 class StepMetricExporter(MetricExporter):
-    """Base class of the ML bridges' metric exporters: subclasses implement :meth:`write`."""
+    """Base class of the ML trackers' metric exporters: subclasses implement :meth:`write`."""
 
     def __init__(self) -> None:
         super().__init__(preferred_temporality=_delta_for_all(), preferred_aggregation={})
@@ -179,12 +179,12 @@ class StepMetricExporter(MetricExporter):
         return None
 
 
-# --- the shape every ML bridge shares ---------------------------------------------------------
+# --- the shape every ML tracker shares ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Event:
-    """A log record as bridges read it (see ``otel_tracking.api.generations`` for the event shapes)."""
+    """A log record as trackers read it (see ``otel_tracking.api.generations`` for the event shapes)."""
 
     name: str
     step: int | None
@@ -227,8 +227,8 @@ def stall_markdown(event: Event) -> str:
     return f"**stall**: {stall_summary(event)}\n\n{stacks}"
 
 
-class BridgeSession(ABC):
-    """One backend run, shared by a bridge's metric, span and log exporters.
+class TrackerSession(ABC):
+    """One backend run, shared by a tracker's metric, span and log exporters.
 
     Subclasses open the run (:meth:`open`) and implement the writes.  A write returns True when the
     backend took the data, or refused it for good (counted and warned about by the session: a retry
@@ -242,7 +242,7 @@ class BridgeSession(ABC):
 
     @classmethod
     @abstractmethod
-    def open(cls, context: BridgeContext) -> BridgeSession: ...
+    def open(cls, context: TrackerContext) -> TrackerSession: ...
 
     @abstractmethod
     def write_step(self, record: StepRecord) -> bool: ...
@@ -320,23 +320,23 @@ _E = TypeVar("_E", bound="_UsesSession")
 
 class _SharedSessions:
     """Exporters built with no arguments (a plain OTel SDK setup builds each one separately) share
-    one session per bridge and process, opened from the environment on first use and finished
+    one session per tracker and process, opened from the environment on first use and finished
     when the last of them shuts down."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: dict[type[BridgeSession], tuple[BridgeSession, int, int]] = {}  # session, users, pid
+        self._open: dict[type[TrackerSession], tuple[TrackerSession, int, int]] = {}  # session, users, pid
 
-    def acquire(self, kind: type[BridgeSession]) -> BridgeSession:
+    def acquire(self, kind: type[TrackerSession]) -> TrackerSession:
         with self._lock:
             session, users, pid = self._open.get(kind, (None, 0, 0))
             # A forked child, or exporters built after the shared session was finished, open anew.
             if session is None or pid != os.getpid() or getattr(session, "finished", False):
-                session, users, pid = kind.open(BridgeContext.from_env()), 0, os.getpid()
+                session, users, pid = kind.open(TrackerContext.from_env()), 0, os.getpid()
             self._open[kind] = (session, users + 1, pid)
             return session
 
-    def release(self, kind: type[BridgeSession]) -> None:
+    def release(self, kind: type[TrackerSession]) -> None:
         with self._lock:
             session, users, pid = self._open[kind]
             if users > 1:
@@ -350,11 +350,11 @@ _shared = _SharedSessions()
 
 
 class _UsesSession:
-    """The session an exporter writes to: handed in by ``open_bridge``, or the shared one."""
+    """The session an exporter writes to: handed in by ``open_tracker``, or the shared one."""
 
-    session_class: type[BridgeSession]
+    session_class: type[TrackerSession]
 
-    def _use(self, session: BridgeSession | None) -> None:
+    def _use(self, session: TrackerSession | None) -> None:
         self._shared = session is None
         self.session = _shared.acquire(self.session_class) if session is None else session
         self._released = False
@@ -384,8 +384,8 @@ class _UsesSession:
         )
 
 
-class BridgeMetricExporter(_UsesSession, StepMetricExporter):
-    def __init__(self, session: BridgeSession | None = None) -> None:
+class TrackerMetricExporter(_UsesSession, StepMetricExporter):
+    def __init__(self, session: TrackerSession | None = None) -> None:
         StepMetricExporter.__init__(self)
         self._use(session)
 
@@ -399,7 +399,7 @@ class BridgeMetricExporter(_UsesSession, StepMetricExporter):
     def export_many(
         self, records: Sequence[StepRecord], progress: Callable[[], None] = lambda: None
     ) -> list[StepRecord | None]:
-        """Several log() calls at once (``BridgeSession.write_steps``): for each, None when it
+        """Several log() calls at once (``TrackerSession.write_steps``): for each, None when it
         landed, else what of it did not, for the delivery layer to retry or spool (only that)."""
         try:
             rests = self.session.write_steps(records, progress)
@@ -418,8 +418,8 @@ class BridgeMetricExporter(_UsesSession, StepMetricExporter):
         self._release()
 
 
-class BridgeSpanExporter(_UsesSession, SpanExporter):
-    def __init__(self, session: BridgeSession | None = None) -> None:
+class TrackerSpanExporter(_UsesSession, SpanExporter):
+    def __init__(self, session: TrackerSession | None = None) -> None:
         self._use(session)
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
@@ -435,8 +435,8 @@ class BridgeSpanExporter(_UsesSession, SpanExporter):
         self._release()
 
 
-class BridgeLogExporter(_UsesSession, LogRecordExporter):
-    def __init__(self, session: BridgeSession | None = None) -> None:
+class TrackerLogExporter(_UsesSession, LogRecordExporter):
+    def __init__(self, session: TrackerSession | None = None) -> None:
         self._use(session)
 
     def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
@@ -454,17 +454,17 @@ class BridgeLogExporter(_UsesSession, LogRecordExporter):
 
 
 @dataclass(frozen=True)
-class BridgeExporters:
-    """A tracker's three OTel exporter classes, made by :func:`bridge_exporters`: what a plain SDK
+class TrackerExporters:
+    """A tracker's three OTel exporter classes, made by :func:`tracker_exporters`: what a plain SDK
     setup builds by name (the entry points), and what :meth:`parts` puts on one open session."""
 
-    metrics: type[BridgeMetricExporter]
-    spans: type[BridgeSpanExporter]
-    logs: type[BridgeLogExporter]
+    metrics: type[TrackerMetricExporter]
+    spans: type[TrackerSpanExporter]
+    logs: type[TrackerLogExporter]
 
-    def parts(self, session: BridgeSession) -> BridgeParts:
-        """What a tracker's ``open_bridge`` returns: the three exporters on one session, and its end."""
-        return BridgeParts(
+    def parts(self, session: TrackerSession) -> SinkParts:
+        """What a tracker's ``open_tracker`` returns: the three exporters on one session, and its end."""
+        return SinkParts(
             metrics=self.metrics(session),
             spans=self.spans(session),
             logs=self.logs(session),
@@ -474,7 +474,7 @@ class BridgeExporters:
         )
 
 
-def bridge_exporters(backend: str, shared: type[BridgeSession], module: str) -> BridgeExporters:
+def tracker_exporters(backend: str, shared: type[TrackerSession], module: str) -> TrackerExporters:
     """``<backend>MetricExporter``, ``...SpanExporter`` and ``...LogExporter``, defined as if written
     in ``module`` (their names and module are what entry points, warnings and pickles see).  Built
     with no arguments, they write to the process's ``shared`` session (:class:`_SharedSessions`)."""
@@ -484,10 +484,10 @@ def bridge_exporters(backend: str, shared: type[BridgeSession], module: str) -> 
         made: type[_E] = type(name, (base,), {"session_class": shared, "__module__": module, "__qualname__": name})
         return made
 
-    return BridgeExporters(
-        metrics=make(BridgeMetricExporter, "Metric"),
-        spans=make(BridgeSpanExporter, "Span"),
-        logs=make(BridgeLogExporter, "Log"),
+    return TrackerExporters(
+        metrics=make(TrackerMetricExporter, "Metric"),
+        spans=make(TrackerSpanExporter, "Span"),
+        logs=make(TrackerLogExporter, "Log"),
     )
 
 
@@ -502,18 +502,18 @@ def hex_id(value: int | None, width: int) -> str | None:
 
 
 __all__: Sequence[str] = [
-    "BridgeContext",
-    "BridgeExporters",
-    "BridgeLogExporter",
-    "BridgeMetricExporter",
-    "BridgeParts",
-    "BridgeSession",
-    "BridgeSpanExporter",
     "Event",
     "HighestStep",
+    "SinkParts",
     "StepMetricExporter",
     "StepRecord",
-    "bridge_exporters",
+    "TrackerContext",
+    "TrackerExporters",
+    "TrackerLogExporter",
+    "TrackerMetricExporter",
+    "TrackerSession",
+    "TrackerSpanExporter",
     "hex_id",
     "sample_parts",
+    "tracker_exporters",
 ]

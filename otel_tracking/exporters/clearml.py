@@ -1,4 +1,4 @@
-"""ClearML bridge.
+"""ClearML tracker.
 
 Opens the task as the reference did: ``Task.init(task_name=<experiment>, project_name=<project>,
 continue_last_task=True, output_uri=False)``, then ``task.connect_configuration(config,
@@ -42,15 +42,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_tracking.exporters._base import (
-    BridgeContext,
-    BridgeParts,
-    BridgeSession,
     Event,
     HighestStep,
+    SinkParts,
     StepRecord,
-    bridge_exporters,
+    TrackerContext,
+    TrackerSession,
     sample_parts,
     stall_markdown,
+    tracker_exporters,
 )
 from otel_tracking.signals.redact import scrubbed_logger
 from otel_tracking.signals.semconv import GENERATIONS_EVENT, STALL_EVENT
@@ -88,17 +88,17 @@ def _forget_closed_parent_task() -> None:
     """ClearML marks the process that called ``Task.init`` in the environment (``<pid>:<task id>``)
     so that its subprocesses report into that task.  In the bridge process, a marker inherited from
     a training process whose task is already closed (``<pid>:``) would make ``Task.init`` return a
-    task that writes nowhere: drop it, so that the bridge opens its own task as in one process."""
+    task that writes nowhere: drop it, so that the tracker opens its own task as in one process."""
     for variable in ("CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID"):
         pid, _, task_id = os.environ.get(variable, "").partition(":")
         if pid and pid != str(os.getpid()) and not task_id:
             del os.environ[variable]
 
 
-class ClearMLSession(HighestStep, BridgeSession):
+class ClearMLSession(HighestStep, TrackerSession):
     """One ClearML task shared by the metric, span and log exporters of one process."""
 
-    def __init__(self, context: BridgeContext) -> None:
+    def __init__(self, context: TrackerContext) -> None:
         from clearml import Task
 
         if str(context.env.get("CLEARML_OFFLINE_MODE", "")).strip().lower() in _TRUE:
@@ -132,10 +132,10 @@ class ClearMLSession(HighestStep, BridgeSession):
         self.resume = {"task_id": str(task_id)} if task_id else None
 
     @classmethod
-    def open(cls, context: BridgeContext) -> ClearMLSession:
+    def open(cls, context: TrackerContext) -> ClearMLSession:
         return cls(context)
 
-    def _describe(self, context: BridgeContext) -> str:
+    def _describe(self, context: TrackerContext) -> str:
         try:
             if self.task.is_offline():
                 return f"ClearML offline task {self.task.id} in {self.task.get_offline_mode_folder()}"
@@ -211,9 +211,9 @@ class ClearMLSession(HighestStep, BridgeSession):
         self.task.close()
 
 
-EXPORTERS = bridge_exporters("ClearML", ClearMLSession, __name__)
+EXPORTERS = tracker_exporters("ClearML", ClearMLSession, __name__)
 ClearMLMetricExporter, ClearMLSpanExporter, ClearMLLogExporter = EXPORTERS.metrics, EXPORTERS.spans, EXPORTERS.logs
 
 
-def open_bridge(context: BridgeContext) -> BridgeParts:
+def open_tracker(context: TrackerContext) -> SinkParts:
     return EXPORTERS.parts(ClearMLSession.open(context))

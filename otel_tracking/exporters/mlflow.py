@@ -1,4 +1,4 @@
-"""MLflow bridge: metrics, params, timing scalars, traces and validation generations in one MLflow run.
+"""MLflow tracker: metrics, params, timing scalars, traces and validation generations in one MLflow run.
 
 What lands where (the reference is verl's ``Tracking(..., default_backend="mlflow")``):
 
@@ -32,7 +32,7 @@ Fixed against the reference:
   ending with ``/``) is skipped with a warning; the reference lost every value of that step;
 * a config key MLflow rejects as a param name is sanitized like a metric key (the reference's whole
   MLflow init failed), and one rejected param does not lose the others;
-* no global MLflow state: the bridge uses ``MlflowClient`` with an explicit run id and never calls
+* no global MLflow state: the tracker uses ``MlflowClient`` with an explicit run id and never calls
   ``mlflow.set_tracking_uri``/``start_run``, so several runs (and threads) in one process do not
   fight over ``mlflow.active_run()``.
 """
@@ -59,15 +59,15 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_tracking.config.settings import ConfigError
 from otel_tracking.exporters._base import (
-    BridgeContext,
-    BridgeParts,
-    BridgeSession,
     Event,
+    SinkParts,
     StepRecord,
-    bridge_exporters,
+    TrackerContext,
+    TrackerSession,
     sample_parts,
     stall_markdown,
     stall_summary,
+    tracker_exporters,
 )
 from otel_tracking.exporters._batching import Limits, Point, send_in_lanes
 from otel_tracking.exporters.timings import PhaseTiming
@@ -231,7 +231,7 @@ def check_environment(env: Mapping[str, str]) -> None:
         raise ConfigError(f"MLFLOW_TRACKING_URI={_safe_uri(uri)!r} {problem}")
 
 
-def tracking_uri(context: BridgeContext) -> str:
+def tracking_uri(context: TrackerContext) -> str:
     """``MLFLOW_TRACKING_URI``; on replay, when it is not set, the URI the run was logged to (kept in
     the spool header unless it carried credentials), so replay goes where the run went."""
     return (
@@ -293,7 +293,7 @@ def _error_code(error: BaseException) -> str | None:
 # --- the session ---------------------------------------------------------------------------------
 
 
-class MlflowSession(BridgeSession):
+class MlflowSession(TrackerSession):
     """One MLflow run shared by the metric, span and log exporters of a process or a ``Tracking``."""
 
     def __init__(
@@ -329,7 +329,7 @@ class MlflowSession(BridgeSession):
 
     @classmethod
     def open(  # type: ignore[override]  # None: MLflow unreachable, the run goes on without it
-        cls, context: BridgeContext, *, attempts: int | None = None, retry_sleep_s: float | None = None
+        cls, context: TrackerContext, *, attempts: int | None = None, retry_sleep_s: float | None = None
     ) -> MlflowSession | None:
         """Open (or attach to) the run, log the params; None when every attempt failed."""
         attempts = INIT_ATTEMPTS if attempts is None else max(1, attempts)
@@ -354,7 +354,7 @@ class MlflowSession(BridgeSession):
         return None
 
     @classmethod
-    def _start(cls, context: BridgeContext, uri: str) -> MlflowSession:
+    def _start(cls, context: TrackerContext, uri: str) -> MlflowSession:
         from mlflow import MlflowClient
         from mlflow.entities import LifecycleStage, RunStatus
         from mlflow.exceptions import MlflowException
@@ -370,7 +370,7 @@ class MlflowSession(BridgeSession):
         elif resumed:  # otel-tracking replay: the spooled items belong to this run
             run = client.get_run(str(resumed))
             # Its status is not replay's to change, unless the spool says the run ended with no
-            # bridge left to end it ("end_run": the bridge process had died).
+            # tracker left to end it ("end_run": the bridge process had died).
             replaying = not (context.resume or {}).get("end_run")
             return cls(client, str(resumed), run.info.experiment_id, uri, context.project, replaying=replaying)
         existing = context.env.get("MLFLOW_RUN_ID")
@@ -401,7 +401,7 @@ class MlflowSession(BridgeSession):
         return cls(client, run.info.run_id, experiment_id, uri, context.project)
 
     @classmethod
-    def _reopen(cls, client: Any, run_id: str, uri: str, context: BridgeContext) -> MlflowSession | None:
+    def _reopen(cls, client: Any, run_id: str, uri: str, context: TrackerContext) -> MlflowSession | None:
         """The previous attempt's run, RUNNING again (a killed job's run was left RUNNING or ended
         FAILED by its bridge process), tagged ``ml.run.attempt``; None when it is gone from this
         tracking store (then a new run is made, with a warning)."""
@@ -427,7 +427,7 @@ class MlflowSession(BridgeSession):
         session.attempt = context.attempt
         return session
 
-    # the bridge's writes ---------------------------------------------------------------------------
+    # the tracker's writes ---------------------------------------------------------------------------
 
     def write_step(self, record: StepRecord) -> bool:
         return self.write_steps([record]) == [None]
@@ -710,15 +710,15 @@ class MlflowSession(BridgeSession):
             self.client.set_terminated(self.run_id, "FINISHED" if exit_code == 0 else "FAILED")
 
 
-class SharedMlflowSession(BridgeSession):
+class SharedMlflowSession(TrackerSession):
     """What exporters built with no arguments share: the run :meth:`MlflowSession.open` opens from
     the environment or, when every attempt failed, this stand-in, which sends nothing and fails
-    every export (``open_bridge`` instead hands the ``Tracking`` no MLflow exporters at all)."""
+    every export (``open_tracker`` instead hands the ``Tracking`` no MLflow exporters at all)."""
 
     where = "MLflow not reachable: nothing sent (see warnings)"
 
     @classmethod
-    def open(cls, context: BridgeContext) -> BridgeSession:
+    def open(cls, context: TrackerContext) -> TrackerSession:
         return MlflowSession.open(context) or cls()
 
     def write_step(self, record: StepRecord) -> bool:
@@ -737,15 +737,15 @@ class SharedMlflowSession(BridgeSession):
         return None
 
 
-EXPORTERS = bridge_exporters("Mlflow", SharedMlflowSession, __name__)
+EXPORTERS = tracker_exporters("Mlflow", SharedMlflowSession, __name__)
 MlflowMetricExporter, MlflowSpanExporter, MlflowLogExporter = EXPORTERS.metrics, EXPORTERS.spans, EXPORTERS.logs
 
 
-def open_bridge(context: BridgeContext) -> BridgeParts:
+def open_tracker(context: TrackerContext) -> SinkParts:
     session = MlflowSession.open(context)
     if session is None:
         uri = tracking_uri(context)
-        return BridgeParts(where=f"MLflow not reachable at {_safe_uri(uri)}: nothing sent (see warnings)")
+        return SinkParts(where=f"MLflow not reachable at {_safe_uri(uri)}: nothing sent (see warnings)")
     return EXPORTERS.parts(session)
 
 
@@ -755,6 +755,6 @@ __all__ = [
     "MlflowSession",
     "MlflowSpanExporter",
     "flatten_params",
-    "open_bridge",
+    "open_tracker",
     "sanitize_key",
 ]

@@ -4,7 +4,7 @@ Opens the run as the reference did: ``SWANLAB_API_KEY`` -> ``swanlab.login(key)`
 login and nowhere else), ``SWANLAB_LOG_DIR`` (default ``swanlog``), ``SWANLAB_MODE`` (default
 ``cloud``, which SwanLab 0.10 treats as ``online``), then ``swanlab.init(project=, name=<experiment>,
 config={"FRAMEWORK": "verl", **config}, log_dir=, mode=)``.  All variables come from the run's
-environment mapping (``BridgeContext.env``).
+environment mapping (``TrackerContext.env``).
 
 What lands where:
 
@@ -34,15 +34,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_tracking.exporters._base import (
-    BridgeContext,
-    BridgeParts,
-    BridgeSession,
     Event,
     HighestStep,
+    SinkParts,
     StepRecord,
-    bridge_exporters,
+    TrackerContext,
+    TrackerSession,
     sample_parts,
     stall_markdown,
+    tracker_exporters,
 )
 from otel_tracking.signals.redact import scrubbed_logger
 from otel_tracking.signals.semconv import GENERATIONS_EVENT, STALL_EVENT
@@ -54,7 +54,7 @@ GENERATIONS_HEADERS = ["step", "input", "output", "score"]
 _OFFLINE_MODES = {"offline", "local", "disabled"}
 
 
-def swanlab_init_arguments(context: BridgeContext) -> tuple[str | None, dict[str, Any]]:
+def swanlab_init_arguments(context: TrackerContext) -> tuple[str | None, dict[str, Any]]:
     """(API key or None, keyword arguments for ``swanlab.init``), from the context as the reference read them."""
     env = context.env
     api_key = env.get("SWANLAB_API_KEY") or None
@@ -78,10 +78,10 @@ def swanlab_init_arguments(context: BridgeContext) -> tuple[str | None, dict[str
     return api_key, kwargs
 
 
-class SwanLabSession(HighestStep, BridgeSession):
+class SwanLabSession(HighestStep, TrackerSession):
     """One SwanLab run shared by the metric, span and log exporters of one process."""
 
-    def __init__(self, context: BridgeContext) -> None:
+    def __init__(self, context: TrackerContext) -> None:
         import swanlab
 
         self._swanlab = swanlab
@@ -100,7 +100,7 @@ class SwanLabSession(HighestStep, BridgeSession):
         )
 
     @classmethod
-    def open(cls, context: BridgeContext) -> SwanLabSession:
+    def open(cls, context: TrackerContext) -> SwanLabSession:
         return cls(context)
 
     # --- writing -------------------------------------------------------------------------------
@@ -235,9 +235,9 @@ class _StepEvents:
         return same
 
 
-EXPORTERS = bridge_exporters("SwanLab", SwanLabSession, __name__)
+EXPORTERS = tracker_exporters("SwanLab", SwanLabSession, __name__)
 SwanLabMetricExporter, SwanLabSpanExporter, SwanLabLogExporter = EXPORTERS.metrics, EXPORTERS.spans, EXPORTERS.logs
 
 
-def open_bridge(context: BridgeContext) -> BridgeParts:
+def open_tracker(context: TrackerContext) -> SinkParts:
     return EXPORTERS.parts(SwanLabSession.open(context))

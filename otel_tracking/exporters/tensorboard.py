@@ -1,4 +1,4 @@
-"""TensorBoard bridge: event files written with TensorBoard's own writer and protos; torch is not needed.
+"""TensorBoard tracker: event files written with TensorBoard's own writer and protos; torch is not needed.
 
 What lands where (the reference wrote the same through ``torch.utils.tensorboard.SummaryWriter``):
 
@@ -44,13 +44,13 @@ from typing import Any
 
 from otel_tracking.config import paths
 from otel_tracking.exporters._base import (
-    BridgeContext,
-    BridgeParts,
-    BridgeSession,
     Event,
+    SinkParts,
     StepRecord,
-    bridge_exporters,
+    TrackerContext,
+    TrackerSession,
     stall_markdown,
+    tracker_exporters,
 )
 from otel_tracking.exporters.timings import PhaseTiming
 from otel_tracking.signals.semconv import GENERATIONS_EVENT, STALL_EVENT
@@ -101,7 +101,7 @@ def checksums_in_c() -> bool:
     return True
 
 
-class TensorboardSession(BridgeSession):
+class TensorboardSession(TrackerSession):
     """One event file in one directory, shared by a run's metric, span and log exporters."""
 
     def __init__(
@@ -118,7 +118,7 @@ class TensorboardSession(BridgeSession):
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, context: BridgeContext) -> TensorboardSession:
+    def open(cls, context: TrackerContext) -> TensorboardSession:
         """The session; its event file is created by the first write (or :meth:`create_file`)."""
         directory = paths.tensorboard_dir(context.project, context.experiment, context.env)
         if context.in_bridge_process:
@@ -256,7 +256,7 @@ def text_value(tag: str, text: str) -> Any:
     return summary_pb2.Summary.Value(tag=tag + TEXT_SUFFIX, metadata=metadata, tensor=tensor)
 
 
-EXPORTERS = bridge_exporters("Tensorboard", TensorboardSession, __name__)
+EXPORTERS = tracker_exporters("Tensorboard", TensorboardSession, __name__)
 (TensorboardMetricExporter, TensorboardSpanExporter, TensorboardLogExporter) = (
     EXPORTERS.metrics,
     EXPORTERS.spans,
@@ -264,7 +264,7 @@ EXPORTERS = bridge_exporters("Tensorboard", TensorboardSession, __name__)
 )
 
 
-def open_bridge(context: BridgeContext) -> BridgeParts:
+def open_tracker(context: TrackerContext) -> SinkParts:
     session = TensorboardSession.open(context)
     session.create_file()  # create the directory and the event file now, as SummaryWriter did
     print(f"Saving tensorboard log to {session.directory}.")
@@ -277,5 +277,5 @@ __all__ = [
     "TensorboardSession",
     "TensorboardSpanExporter",
     "generations_text",
-    "open_bridge",
+    "open_tracker",
 ]

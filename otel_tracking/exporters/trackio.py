@@ -1,4 +1,4 @@
-"""Trackio bridge: a local (or Space/server) Trackio run, as the reference opened and fed it.
+"""Trackio tracker: a local (or Space/server) Trackio run, as the reference opened and fed it.
 
 What lands where:
 
@@ -28,7 +28,7 @@ current run through a context variable, which another thread (a delivery layer's
 see.  ``finish`` ends the run and returns only when Trackio's sender thread has written everything
 to its sqlite database.
 
-Trackio reads ``TRACKIO_DIR`` once, when it is first imported: the bridge hands the context's value
+Trackio reads ``TRACKIO_DIR`` once, when it is first imported: the tracker hands the context's value
 to Trackio if Trackio is not imported yet, and warns (and reports the real directory) otherwise.
 """
 
@@ -44,13 +44,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from otel_tracking.exporters._base import (
-    BridgeContext,
-    BridgeParts,
-    BridgeSession,
     Event,
+    SinkParts,
     StepRecord,
-    bridge_exporters,
+    TrackerContext,
+    TrackerSession,
     stall_summary,
+    tracker_exporters,
 )
 from otel_tracking.exporters.timings import PhaseTiming
 from otel_tracking.signals.redact import scrubbed_logger
@@ -114,10 +114,10 @@ def generations_table(trackio: Any, samples: Sequence[Any], step: int) -> Any:
     return trackio.Table(columns=GENERATIONS_COLUMNS, data=rows)
 
 
-class TrackioSession(BridgeSession):
+class TrackioSession(TrackerSession):
     """One Trackio run, shared by a process's metric, span and log exporters."""
 
-    def __init__(self, context: BridgeContext) -> None:
+    def __init__(self, context: TrackerContext) -> None:
         self.trackio = _import_trackio(context.env)
         from trackio import context_vars, utils
 
@@ -140,8 +140,8 @@ class TrackioSession(BridgeSession):
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, context: BridgeContext) -> TrackioSession:
-        """The run of exporters built with no arguments, which say where it is (``open_bridge``
+    def open(cls, context: TrackerContext) -> TrackioSession:
+        """The run of exporters built with no arguments, which say where it is (``open_tracker``
         leaves that to the end-of-run summary)."""
         session = cls(context)
         print(f"Logging to {session.where}")
@@ -215,7 +215,7 @@ class TrackioSession(BridgeSession):
 
 
 # Trackio's local run (0.40-0.43) writes each batch of queued rows with the time its sender thread
-# flushes them: a backlog (a run that opened late, a slow bridge) would share one timestamp.  Its
+# flushes them: a backlog (a run that opened late, a slow tracker) would share one timestamp.  Its
 # remote path already honours a row's own "timestamp"; these two hooks give the local sqlite path
 # the same.  Another Trackio (no such internals) writes rows as it always did.
 
@@ -272,7 +272,7 @@ def _stamp_last_row(run: Any, stamp: str) -> None:
 
 
 # Trackio's run.log costs ~0.75 ms for a step of 200 numbers (a figure check, a media check and a
-# JSON round trip per value), more than the rest of the bridge; the step records of a training run
+# JSON round trip per value), more than the rest of the tracker; the step records of a training run
 # are nothing but numbers.  For those, _queue_row queues the row Trackio's run.log would queue, in
 # the same form, and its sender writes it as its own.  Anything else (a string, a table, a reserved
 # key that Trackio renames with a warning), and a Trackio without these internals, goes through
@@ -347,11 +347,11 @@ def _drain(run: Any) -> None:
         flush_inline()
 
 
-EXPORTERS = bridge_exporters("Trackio", TrackioSession, __name__)
+EXPORTERS = tracker_exporters("Trackio", TrackioSession, __name__)
 TrackioMetricExporter, TrackioSpanExporter, TrackioLogExporter = EXPORTERS.metrics, EXPORTERS.spans, EXPORTERS.logs
 
 
-def open_bridge(context: BridgeContext) -> BridgeParts:
+def open_tracker(context: TrackerContext) -> SinkParts:
     return EXPORTERS.parts(TrackioSession(context))
 
 
@@ -362,5 +362,5 @@ __all__ = [
     "TrackioSpanExporter",
     "generation_traces",
     "generations_table",
-    "open_bridge",
+    "open_tracker",
 ]

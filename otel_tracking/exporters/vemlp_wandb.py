@@ -5,12 +5,12 @@ As the reference did::
     volcengine_ml_platform.init(ak=$VOLC_ACCESS_KEY_ID, sk=$VOLC_SECRET_ACCESS_KEY, region=$MLP_TRACKING_REGION)
     volcengine_ml_platform.wandb.init(project=project, name=experiment, config=config, sync_tensorboard=True)
 
-then everything goes through the wandb bridge's code with ``volcengine_ml_platform.wandb`` as the
+then everything goes through the wandb tracker's code with ``volcengine_ml_platform.wandb`` as the
 wandb module: the same stored keys, steps, values, timing scalars and ``val/generations`` table.
 The DAPO filtered-reward table stays wandb-only, as in the reference.  The access keys go to the
 platform's ``init`` only, never into the run's config (which is redacted anyway).
 
-``volcengine_ml_platform`` is imported only when this backend is opened; ``open_bridge`` also takes
+``volcengine_ml_platform`` is imported only when this backend is opened; ``open_tracker`` also takes
 the platform module as an argument (``platform_module``), for tests and for wrapping.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 from otel_tracking.config.settings import ConfigError
 from otel_tracking.exporters._base import (
-    BridgeContext,
-    BridgeParts,
-    bridge_exporters,
+    SinkParts,
+    TrackerContext,
+    tracker_exporters,
 )
 from otel_tracking.exporters.wandb import WandbSession, resume_kwargs
 from otel_tracking.signals.semconv import GENERATIONS_EVENT
@@ -71,7 +71,7 @@ class VemlpWandbSession(WandbSession):
     events = (GENERATIONS_EVENT,)  # the reference's DAPO reward table is wandb-only
 
     @classmethod
-    def open(cls, context: BridgeContext, platform_module: Any = None) -> WandbSession:
+    def open(cls, context: TrackerContext, platform_module: Any = None) -> WandbSession:
         platform = import_platform() if platform_module is None else platform_module
         check_environment(context.env)
         platform.init(**{arg: context.env[name] for arg, name in _ENV.items()})
@@ -89,7 +89,7 @@ class VemlpWandbSession(WandbSession):
         )
 
 
-EXPORTERS = bridge_exporters("VemlpWandb", VemlpWandbSession, __name__)
+EXPORTERS = tracker_exporters("VemlpWandb", VemlpWandbSession, __name__)
 (VemlpWandbMetricExporter, VemlpWandbSpanExporter, VemlpWandbLogExporter) = (
     EXPORTERS.metrics,
     EXPORTERS.spans,
@@ -97,7 +97,7 @@ EXPORTERS = bridge_exporters("VemlpWandb", VemlpWandbSession, __name__)
 )
 
 
-def open_bridge(context: BridgeContext, platform_module: Any = None) -> BridgeParts:
+def open_tracker(context: TrackerContext, platform_module: Any = None) -> SinkParts:
     session = VemlpWandbSession.open(context, platform_module)
     return EXPORTERS.parts(session)
 
@@ -107,5 +107,5 @@ __all__ = [
     "VemlpWandbMetricExporter",
     "VemlpWandbSession",
     "VemlpWandbSpanExporter",
-    "open_bridge",
+    "open_tracker",
 ]

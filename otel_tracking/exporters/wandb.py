@@ -29,7 +29,7 @@ trackers' messages, which share that process, never the training script's output
   When the number of samples per validation step changes (the reference raised ``ValueError``
   there), a new table with the new columns starts under the same key.
 
-A step of plain numbers (the usual one) does not go through ``run.log``: the bridge hands wandb's
+A step of plain numbers (the usual one) does not go through ``run.log``: the tracker hands wandb's
 service the very request ``run.log`` would send for it, built without run.log's per-value work
 (``compat/wandb_internals.py``; with the wandb releases it was checked against).  Everything else does.
 
@@ -42,7 +42,7 @@ refuses a rewind (a server without the feature), the run is resumed by id with `
 instead: then wandb keeps the first attempt's values at the overlapping steps and drops the new
 ones (counted in ``skipped``).  Spans and events that come before that first step wait for it.
 
-``WandbSession.start`` takes the wandb-like module to drive, so the vemlp_wandb bridge (Volcengine's
+``WandbSession.start`` takes the wandb-like module to drive, so the vemlp_wandb tracker (Volcengine's
 ``volcengine_ml_platform.wandb``) reuses all of this.
 """
 
@@ -56,14 +56,14 @@ from typing import Any
 
 from otel_tracking.compat.wandb_internals import FastSteps
 from otel_tracking.exporters._base import (
-    BridgeContext,
-    BridgeParts,
-    BridgeSession,
     Event,
+    SinkParts,
     StepRecord,
-    bridge_exporters,
+    TrackerContext,
+    TrackerSession,
     sample_parts,
     stall_summary,
+    tracker_exporters,
 )
 from otel_tracking.exporters.timings import PhaseTiming
 from otel_tracking.signals.semconv import GENERATIONS_EVENT, REWARD_TABLE_EVENT, STALL_EVENT
@@ -109,7 +109,7 @@ class _Table:
         return self.module.Table(columns=self.columns, data=[list(r) for r in self.rows])
 
 
-class WandbSession(BridgeSession):
+class WandbSession(TrackerSession):
     """One wandb run shared by a metric, a span and a log exporter.  Calls are serialized by a
     lock (spans end in any thread); no threads of its own."""
 
@@ -184,7 +184,7 @@ class WandbSession(BridgeSession):
     # --- opening --------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, context: BridgeContext) -> WandbSession:
+    def open(cls, context: TrackerContext) -> WandbSession:
         import wandb
 
         # The real proxy URL (credentials and all) from inputs; the recorded config has it redacted.
@@ -451,7 +451,7 @@ class WandbSession(BridgeSession):
             self._target.finish(exit_code=exit_code)
 
     def _resume(self) -> dict[str, Any] | None:
-        """What ``open_bridge`` needs (as ``context.resume``) to reattach to this run."""
+        """What ``open_tracker`` needs (as ``context.resume``) to reattach to this run."""
         try:
             run_id = getattr(self.run, "id", None)
             project = getattr(self.run, "project", None)
@@ -503,7 +503,7 @@ def _proxy(config: Any) -> str | None:
     return str(proxy) if proxy else None
 
 
-def resume_kwargs(context: BridgeContext) -> dict[str, Any]:
+def resume_kwargs(context: TrackerContext) -> dict[str, Any]:
     """On replay (``context.resume`` from a spool header), and for vemlp_wandb when a restarted job
     resumes its run: reattach to the same run by id, with ``resume="allow"``.  wandb ignores data
     at steps below the run's current step (a replay's, and a resumed run's overlapping steps)."""
@@ -518,11 +518,11 @@ def resume_kwargs(context: BridgeContext) -> dict[str, Any]:
     return kwargs
 
 
-EXPORTERS = bridge_exporters("Wandb", WandbSession, __name__)
+EXPORTERS = tracker_exporters("Wandb", WandbSession, __name__)
 WandbMetricExporter, WandbSpanExporter, WandbLogExporter = EXPORTERS.metrics, EXPORTERS.spans, EXPORTERS.logs
 
 
-def open_bridge(context: BridgeContext) -> BridgeParts:
+def open_tracker(context: TrackerContext) -> SinkParts:
     return EXPORTERS.parts(WandbSession.open(context))
 
 
@@ -531,5 +531,5 @@ __all__ = [
     "WandbMetricExporter",
     "WandbSession",
     "WandbSpanExporter",
-    "open_bridge",
+    "open_tracker",
 ]

@@ -5,7 +5,7 @@
 1. :func:`check_backends`: everything that can be found wrong without opening anything (a missing
    package, a bad tracker setting, an ``OTEL_*_EXPORTER`` name that is nothing), so that a failed
    ``Tracking()`` leaves nothing open and nothing written;
-2. :func:`open_run`: the tracker bridges in the bridge process (``bridges/process.py``) when it is
+2. :func:`open_run`: the trackers in the bridge process (``bridges/process.py``) when it is
    on, else here; the sinks named by ``OTEL_*_EXPORTER``; the OTLP sinks; the file and console
    sinks last, as nothing after them can fail.  If anything fails, what was built is finished.
 
@@ -22,7 +22,7 @@ from otel_tracking.config.settings import Settings
 from otel_tracking.delivery.env_sinks import build_env_sinks, check_env_sinks
 from otel_tracking.delivery.otlp_sinks import build_otlp_sinks
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.registry import WRITTEN_AT_ONCE, build_checked_sink, check_bridge, is_bridge
+from otel_tracking.delivery.registry import WRITTEN_AT_ONCE, build_checked_sink, check_tracker, is_tracker
 from otel_tracking.runtime.run import Run
 
 
@@ -30,21 +30,21 @@ def check_backends(settings: Settings, names: Sequence[str]) -> None:
     """Raise (``ConfigError``, ``ImportError`` with the extra to install) for what is wrong with
     these backends or the ``OTEL_*_EXPORTER`` variables, before anything is opened."""
     for name in names:
-        if is_bridge(name):
-            check_bridge(name, settings)
+        if is_tracker(name):
+            check_tracker(name, settings)
     check_env_sinks(settings, taken=names)
 
 
 def open_run(settings: Settings, names: Sequence[str], config: RunConfig) -> Run:
     """The run with a sink for each name (``rl_insight`` is the OTLP path, not a sink), in the
     order named, then those ``OTEL_*_EXPORTER`` asks for; nothing half-built stays behind."""
-    bridges = [name for name in names if is_bridge(name)]
+    trackers = [name for name in names if is_tracker(name)]
     built: dict[str, Sink] = {}
     extra: list[Sink] = []
     periodic: list[Sink] = []
     try:
-        if bridges and settings.bridge_process:
-            built.update(zip(bridges, start_bridges(bridges, settings, config), strict=True))
+        if trackers and settings.bridge_process:
+            built.update(zip(trackers, start_bridges(trackers, settings, config), strict=True))
         local = [name for name in names if name not in built and name != "rl_insight"]
         for name in sorted(local, key=lambda n: n in WRITTEN_AT_ONCE):
             built[name] = build_checked_sink(name, settings, config)

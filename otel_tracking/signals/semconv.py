@@ -16,7 +16,7 @@ RANK = "ml.rank"
 ROLE = "ml.role"
 
 # The step: a span attribute, a baggage key, and the name of each step's root span on the driver
-# (the phases of every process serving the step are its descendants; ML bridges skip it, since
+# (the phases of every process serving the step are its descendants; ML trackers skip it, since
 # verl logs its own ``timing_s/step``).
 STEP = "ml.step"
 STEP_SPAN_NAME = "ml.step"

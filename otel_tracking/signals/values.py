@@ -220,7 +220,7 @@ class InstrumentNames:
     """Makes a log() key a valid OTel instrument name, by one rule, where a name must be valid
     (the OTLP path; ML sinks get the key exactly as written):
 
-    1. ``@`` becomes ``_at_`` (``mean@4`` -> ``mean_at_4``, as the MLflow bridge does);
+    1. ``@`` becomes ``_at_`` (``mean@4`` -> ``mean_at_4``, as the MLflow tracker does);
     2. every other character outside ``A-Za-z0-9_./-`` becomes ``_``;
     3. a name that does not start with a letter gets the prefix ``m_``;
     4. the name is cut to 255 characters;
