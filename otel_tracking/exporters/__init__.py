@@ -1,1 +1,1 @@
-"""Bridges from OpenTelemetry data into ML trackers and local sinks; one module per backend."""
+"""OpenTelemetry exporters into ML trackers and local sinks; one module per backend."""

@@ -1,4 +1,4 @@
-"""SwanLab bridge.
+"""SwanLab tracker.
 
 Opens the run as the reference did: ``SWANLAB_API_KEY`` -> ``swanlab.login(key)`` (the key goes to
 login and nowhere else), ``SWANLAB_LOG_DIR`` (default ``swanlog``), ``SWANLAB_MODE`` (default

@@ -1,4 +1,4 @@
-"""Volcengine ML Platform's wandb (``vemlp_wandb``) bridge.
+"""Volcengine ML Platform's wandb (``vemlp_wandb``) tracker.
 
 As the reference did::
 

@@ -1,4 +1,4 @@
-"""Weights & Biases bridge.
+"""Weights & Biases tracker.
 
 One wandb run per session, opened as the reference did::
 
