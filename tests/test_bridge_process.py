@@ -410,7 +410,8 @@ def test_a_sink_reporting_an_outcome_never_waits_on_a_full_pipe() -> None:
     outbox.acknowledge((1, "mlflow"), "delivered")
     big = threading.Thread(target=outbox.send, args=(b"x" * (4 << 20),), daemon=True)
     big.start()  # blocks: nobody reads the pipe yet
-    time.sleep(0.3)
+    # The acknowledgement arrived: the send holds its lock now, and stays in send_bytes (4 MB, unread).
+    assert reader.poll(10)
     assert big.is_alive()
     reported = threading.Thread(target=outbox.acknowledge, args=((2, "mlflow"), "spooled"), daemon=True)
     reported.start()

@@ -141,12 +141,19 @@ def test_every_import_points_downward() -> None:
     assert violations() == []
 
 
+def _made_up_package(tmp_path: Path, monkeypatch, files: dict[str, str]) -> None:
+    """An ``otel_tracking`` of these files (path inside the package -> text), checked instead."""
+    package = tmp_path / "otel_tracking"
+    for name, text in files.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    monkeypatch.setitem(globals(), "PACKAGE", package)
+
+
 def test_the_check_sees_an_upward_import(tmp_path: Path, monkeypatch) -> None:
     """The check can fail: a signals module that imports the runtime is reported."""
-    package = tmp_path / "otel_tracking"
-    (package / "signals").mkdir(parents=True)
-    (package / "signals" / "values.py").write_text("def f():\n    from otel_tracking.runtime import run\n")
-    monkeypatch.setitem(globals(), "PACKAGE", package)
+    upward = "def f():\n    from otel_tracking.runtime import run\n"
+    _made_up_package(tmp_path, monkeypatch, {"signals/values.py": upward})
     assert violations() == [
         "otel_tracking.signals.values:2 (signals) imports otel_tracking.runtime (runtime), a layer above it"
     ]
@@ -155,12 +162,8 @@ def test_the_check_sees_an_upward_import(tmp_path: Path, monkeypatch) -> None:
 def test_the_check_reads_import_module_calls(tmp_path: Path, monkeypatch) -> None:
     """A module loaded by name (``importlib.import_module`` of a literal or an f-string) is an
     import too: a config module that loads the runtime that way is reported."""
-    package = tmp_path / "otel_tracking"
-    (package / "config").mkdir(parents=True)
-    (package / "config" / "settings.py").write_text(
-        "import importlib\ndef f(name):\n    return importlib.import_module(f'otel_tracking.runtime.{name}')\n"
-    )
-    monkeypatch.setitem(globals(), "PACKAGE", package)
+    loads = "import importlib\ndef f(name):\n    return importlib.import_module(f'otel_tracking.runtime.{name}')\n"
+    _made_up_package(tmp_path, monkeypatch, {"config/settings.py": loads})
     assert violations() == [
         "otel_tracking.config.settings:3 (config) imports otel_tracking.runtime (runtime), a layer above it"
     ]
@@ -172,12 +175,15 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 
 def test_the_check_sees_a_circle_put_off_to_call_time(tmp_path: Path, monkeypatch) -> None:
     """Two modules of one layer, one importing the other inside a function: still a circle."""
-    package = tmp_path / "otel_tracking"
-    (package / "delivery").mkdir(parents=True)
-    (package / "delivery" / "__init__.py").write_text("")
-    (package / "delivery" / "spool.py").write_text("def f():\n    from otel_tracking.delivery.registry import g\n")
-    (package / "delivery" / "registry.py").write_text("from otel_tracking.delivery import spool\n")
-    monkeypatch.setitem(globals(), "PACKAGE", package)
+    _made_up_package(
+        tmp_path,
+        monkeypatch,
+        {
+            "delivery/__init__.py": "",
+            "delivery/spool.py": "def f():\n    from otel_tracking.delivery.registry import g\n",
+            "delivery/registry.py": "from otel_tracking.delivery import spool\n",
+        },
+    )
     assert circles() == [["otel_tracking.delivery.registry", "otel_tracking.delivery.spool"]]
 
 
