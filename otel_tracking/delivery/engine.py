@@ -250,7 +250,7 @@ class SinkQueue:
             if len(self._items) == 1 or len(self._items) >= _MAX_MERGE:
                 self._lock.notify_all()  # the thread waits for a first item, or holds a full export
 
-    # --- the queue thread's side----------------------------------------------------------------------
+    # --- the queue thread's side ------------------------------------------------------------------
 
     def _take(self) -> tuple[str, list[_Entry]] | None:
         """The next item (same-kind spans or log records merged, up to _MAX_MERGE; with
