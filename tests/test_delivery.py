@@ -336,3 +336,63 @@ def test_a_worker_still_held_at_stop_waits_until_the_deadline_then_spools(tmp_pa
     assert not stopping.is_alive()
     assert counts == {"spooled": 3} and sorted(done) == [0, 1, 2]
     assert not queue.release()  # an open that comes after stop() delivers nothing
+
+
+_APPENDER = """
+import sys, time
+from opentelemetry.sdk.resources import Resource
+from otel_tracking.delivery.spool import Spool
+from otel_tracking.signals.steps import StepBatch
+path, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+spool = Spool(__import__("pathlib").Path(path), {"sink": "mlflow", "writer": who})
+start = float(sys.argv[4])
+while time.time() < start:  # both processes begin together: they race for the empty file
+    pass
+for i in range(n):
+    # every tenth step is larger than a pipe's atomic write and than a stdio buffer
+    keys = 5_000 if i % 10 == 0 else 3
+    spool.write("metrics", StepBatch(Resource.create({}), i, {f"{who}{k}": float(i) for k in range(keys)}, {}, 1))
+spool.close()
+"""
+
+
+def test_two_processes_append_to_one_sinks_spool_and_every_record_reads_back(tmp_path: Path) -> None:
+    """One spool file per sink, whichever process writes it (the bridge process, and the training
+    process once the bridge process is gone; issue 36): two processes appending at once, from an
+    empty file, leave every record whole and in each writer's order, and one header in front."""
+    path = tmp_path / "spool" / "mlflow.jsonl"
+    start = time.time() + 1.5
+    n = 200
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _APPENDER, str(path), who, str(n), str(start)]) for who in ("a", "b")
+    ]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0]
+    header, records = read_spool(path)
+    assert header["sink"] == "mlflow"
+    steps: dict[str, list[int]] = {"a": [], "b": []}
+    for record in records:
+        assert not hasattr(record, "reason"), f"a damaged record: {record}"
+        kind, data = record
+        assert kind == "metrics"
+        points = {m.name: m.data.data_points[0].value for m in data.resource_metrics[0].scope_metrics[0].metrics}
+        step = int(points.pop("train.step"))
+        who = next(iter(points))[0]
+        assert points == {f"{who}{k}": float(step) for k in range(5_000 if step % 10 == 0 else 3)}
+        steps[who].append(step)
+    assert steps == {"a": list(range(n)), "b": list(range(n))}
+
+
+def test_a_second_writers_header_is_no_record(tmp_path: Path) -> None:
+    """Two processes that both found the sink's spool file empty each write a header: replay reads
+    the first, and the second is neither a record nor a damaged one."""
+    path = tmp_path / "mlflow.jsonl"
+    batch = StepBatch(Resource.create({}), 0, {"loss": 1.0}, {}, 1)
+    for writer in ("a", "b"):  # each found the file empty: header and record in one write
+        spool = Spool(tmp_path / f"{writer}.jsonl", {"sink": "mlflow", "writer": writer})
+        spool.write("metrics", batch)
+        spool.close()
+        with open(path, "ab") as f:
+            f.write(spool.path.read_bytes())
+    header, records = read_spool(path)
+    assert header["writer"] == "a"
+    assert [kind for kind, _ in records] == ["metrics", "metrics"]

@@ -415,7 +415,7 @@ def test_the_killed_attempts_spool_is_replayed_into_the_resumed_run(tmp_path: Pa
     process.kill()
     process.wait()
     assert report["spooled"] == 10
-    (spooled,) = (tmp_path / "spool").rglob("mlflow.link.jsonl")
+    (spooled,) = (tmp_path / "spool").rglob("mlflow.jsonl")  # one spool file per sink (issue 36)
     client = readers_mlflow.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
     left = readers_mlflow.only_run(client, client.get_experiment_by_name("proj").experiment_id)
     assert left.info.status == "RUNNING"  # nobody was left to end it
@@ -432,7 +432,7 @@ def test_the_killed_attempts_spool_is_replayed_into_the_resumed_run(tmp_path: Pa
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
-    assert spooled.with_name("mlflow.link.jsonl.replayed").exists()
+    assert spooled.with_name("mlflow.jsonl.replayed").exists()
     run = readers_mlflow.only_run(client, client.get_experiment_by_name("proj").experiment_id)
     assert run.info.status == "FINISHED" and run.data.tags["ml.run.attempt"] == "2"
     history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))

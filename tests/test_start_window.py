@@ -383,7 +383,7 @@ def test_the_bridge_process_killed_while_a_tracker_opens_loses_nothing(
         link.process.wait()
         stats = tracking.finish()
     assert stats["mlflow"]["spooled"] == 50 and stats["mlflow"]["dropped"] == 0, stats
-    (spool,) = (isolated / "spool").rglob("mlflow.link.jsonl")
+    (spool,) = (isolated / "spool").rglob("mlflow*.jsonl")  # one spool file per sink (issue 36)
     _replay(spool, f"sqlite:///{isolated / 'replayed.db'}")
     client = mlflow_reader.client(f"sqlite:///{isolated / 'replayed.db'}")
     run = mlflow_reader.only_run(client, client.get_experiment_by_name("proj").experiment_id)

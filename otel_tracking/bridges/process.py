@@ -11,20 +11,21 @@ child process it costs nothing but handing the step over.
              RemoteSink --'  one message per log() call  [window]   '-> Sink (queue, retry, spool) -> MLflow
 
 The training process sends each log() call once (to all the trackers it is for), spans and log
-records as the spool encodes them; the child hands them to ordinary :class:`Sink` objects, so
-retry, degraded state and spool work exactly as in one process.  On this side the link is an
-exporter behind the same :class:`~otel_tracking.delivery.engine.SinkQueue` every sink has (its bounded
-queue, flush, stop while it makes progress, ledger, set-aside); its export writes a message to
-the pipe (without blocking beyond a deadline, ``wire.write_frame``) and leaves it in the
-acknowledgement window, and completes asynchronously: a second pipe carries the child's answers
-back, acknowledgements (this item is delivered, spooled or dropped, for this sink: counted so at
-once) and the replies to ``flush()`` and ``finish()``.  If the child dies, the window, and what
-comes after, is set aside for each tracker a message was still pending for (``<sink>.link.jsonl``,
-replayed like any spool): at least once, never lost (an item delivered shortly before a crash,
-whose acknowledgement had not come back yet, may arrive twice), counted once.  This module keeps
-only what is the link's own: spawning the child, the start window, and the acknowledgement window.
-The child ignores SIGINT and SIGTERM (the training process finishes the run and then tells it to
-finish) and finishes on its own when the training process is gone.
+records as the spool encodes them; the child hands them to ordinary :class:`Sink` objects, so retry,
+degraded state and spool work exactly as in one process. On this side the link is an exporter behind
+the same :class:`~otel_tracking.delivery.engine.SinkQueue` every sink has (its bounded queue, flush,
+stop while it makes progress, ledger, set-aside); its export writes a message to the pipe (without
+blocking beyond a deadline, ``wire.write_frame``) and leaves it in the acknowledgement window, and
+completes asynchronously: a second pipe carries the child's answers back, acknowledgements (this
+item is delivered, spooled or dropped, for this sink: counted so at once) and the replies to
+``flush()`` and ``finish()``. If the child dies, the window, and what comes after, is set aside for
+each tracker a message was still pending for, in that tracker's spool file (the one the child
+writes, ``<sink>.jsonl``: one file per sink, whichever process wrote it): at least once, never lost
+(an item delivered shortly before a crash, whose acknowledgement had not come back yet, may arrive
+twice), counted once. This module keeps only what is the link's own: spawning the child, the start
+window, and the acknowledgement window. The child ignores SIGINT and SIGTERM (the training process
+finishes the run and then tells it to finish) and finishes on its own when the training process is
+gone.
 
 Opening a tracker can take long (SDK imports) or hang (a proxy that never answers, and MLflow's
 client waits 120 s a request).  So the child opens each tracker on a thread of its own and reports
@@ -550,8 +551,8 @@ class RemoteSink(Sink):
         held: bool = False,
         progressed: Callable[[], None] | None = None,
     ) -> None:
-        if spool is not None:  # the child spools to <sink>.jsonl; this side, only when the link fails
-            spool = Spool(spool.path.with_suffix(".link.jsonl"), spool.header)
+        # The sink's one spool file, which the child writes too: this side appends to it only what
+        # the link could not hand over (the child gone, or not reading).
         self._spool = spool
 
     def takes(self, kind: str) -> bool:
@@ -565,7 +566,7 @@ class RemoteSink(Sink):
         if self.on_resume is not None:
             self.on_resume(self.name, self.resume)
         self.where = info.where
-        if self._spool is not None:  # replay of the link's spool reattaches to the same run
+        if self._spool is not None:  # replay of what this side spools reattaches to the same run
             self._spool.header["resume"] = info.resume
         if not (info.metrics or info.spans or info.logs):  # MLflow not reachable, after its attempts
             self.failed_late(f"it opened with nothing to write to: {info.where}")

@@ -41,7 +41,9 @@ _OTLP = {"otlp-metrics": "metrics", "otlp-traces": "traces", "otlp-logs": "logs"
 
 
 _ATTEMPT = re.compile(r"\.attempt(\d+)(?=\.)")
-_LINK = re.compile(r"\.link(?=\.jsonl$)")  # what the training process spooled when the bridge process was gone
+# Files of older releases: what the training process spooled when the bridge process was gone had a
+# file of its own (it now appends to the sink's file).
+_LINK = re.compile(r"\.link(?=\.jsonl$)")
 
 
 def spool_files(paths: Iterable[Path]) -> list[Path]:
@@ -226,7 +228,7 @@ def _records_in(path: Path, start: int | None = None) -> tuple[int, int]:
         f.readline()  # the header
         offset = f.tell()
         for line in f:
-            if line.strip():
+            if line.strip() and b'{"header"' not in line[:20]:  # a second writer's header is no record
                 if start is not None and offset < start:
                     before += 1
                 else:

@@ -1,10 +1,10 @@
 """The spool: what a sink cannot deliver, kept on disk for ``otel-tracking replay``.
 
-One append-only file per sink (and rank, and attempt) in the run's spool directory, readable by its
-owner only: a header record naming the sink and run (how replay rebuilds the sink), then one
-record a line, ``<crc32 of the JSON, 8 hex digits> <JSON>``.  A record cut short (a kill or a full
-disk in the middle of a write) or damaged is detected by :func:`read_spool`, which skips it and
-goes on with the next line.
+One append-only file per sink (and rank, and attempt) in the run's spool directory, whichever
+process writes it, readable by its owner only: a header record naming the sink and run (how replay
+rebuilds the sink), then one record a line, ``<crc32 of the JSON, 8 hex digits> <JSON>``. A record
+cut short (a kill or a full disk in the middle of a write) or damaged is detected by
+:func:`read_spool`, which skips it and goes on with the next line.
 """
 
 from __future__ import annotations
@@ -30,27 +30,31 @@ logger = logging.getLogger("otel_tracking")
 
 
 class Spool:
-    """One sink's spool file, opened (and its header written) on the first record."""
+    """One sink's spool file, opened (and its header written) on the first record.  Two processes
+    may append to one sink's file (the bridge process, and the training process when the bridge
+    process is gone): each record is one ``write`` to a file opened for appending, so records never
+    interleave, and a header the other process wrote first is not written again (should both see
+    an empty file, the reader skips the second header)."""
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
         self.path = path
         self.header = header
-        self._file: Any = None
+        self._fd: int | None = None
         self._lock = threading.Lock()
 
     def write(self, kind: str, payload: Any) -> None:
-        line = frame(json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str))
+        line = frame(json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str)).encode()
         with self._lock:
-            if self._file is None:
+            if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 # Shared while open: replay takes it exclusively and leaves a file in use alone.
                 with contextlib.suppress(OSError):
                     fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                self._file = os.fdopen(fd, "a", buffering=1)
-                if self.path.stat().st_size == 0:
-                    self._file.write(frame(json.dumps({"header": self.header})))
-            self._file.write(line)
+                self._fd = fd
+                if os.fstat(fd).st_size == 0:
+                    line = frame(json.dumps({"header": self.header})).encode() + line
+            _write_all(self._fd, line)
 
     def end(self, exit_code: int) -> None:
         """The last record when the run ended without a tracker ending the backend's run (the
@@ -60,9 +64,16 @@ class Spool:
 
     def close(self) -> None:
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``data`` appended in one ``write`` (a short write, only on a full disk, goes on after it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def frame(text: str) -> str:
@@ -117,6 +128,8 @@ def read_spool_from(
                 entry = unframe(line)
                 if isinstance(entry, str):
                     yield offset, Damaged(path, at, entry)
+                    continue
+                if "header" in entry:  # a second writer's, written while the file looked empty to both
                     continue
                 try:
                     yield offset, (entry["kind"], DECODERS[entry["kind"]](entry["data"]))
