@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -354,3 +355,46 @@ def test_a_destination_with_credentials_is_not_kept_and_replay_asks_for_it(isola
     assert tb == {"TENSORBOARD_DIR": str(isolated / "tensorboard_log" / "p" / "e")}, (
         "absolute: replay may run elsewhere"
     )
+
+
+def test_replay_goes_through_the_sinks_queue_in_bulk_and_retries_there(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay hands the records to the sink's queue, the engine every sink has (issue 36): MLflow's
+    bulk path packs many spooled steps into one ``log_batch`` (it took one call per step), and a
+    request the backend refuses once is retried there instead of kept for the next replay.  Every
+    (key, step, value) arrives once."""
+    from mlflow.tracking import MlflowClient
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_tracking.delivery import replay
+    from otel_tracking.signals.steps import StepBatch
+    from tests import readers_mlflow
+
+    uri = f"sqlite:///{isolated / 'mlflow.db'}"
+    path = isolated / "spool" / "p" / "e-r1" / "mlflow.jsonl"
+    header = {"sink": "mlflow", "project": "p", "experiment": "e", "run_id": "r1", "pid": 1}
+    spool = Spool(path, {**header, "destination": {"MLFLOW_TRACKING_URI": uri}})
+    steps = 300
+    for step in range(steps):
+        spool.write("metrics", StepBatch(Resource.create({}), step, {"loss": step / 10, "lr": 1e-3}, {}, 1 + step))
+    spool.close()
+    calls: list[int] = []
+    real = MlflowClient.log_batch
+
+    def refuse_the_second(self: MlflowClient, run_id: str, metrics: Any = (), **kwargs: Any) -> Any:
+        calls.append(len(metrics))
+        if len(calls) == 2:
+            raise ConnectionError("refused once")
+        return real(self, run_id, metrics=metrics, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", refuse_the_second)
+    out = io.StringIO()
+    assert replay.main([str(path)], out=out) == 0, out.getvalue()
+    assert f"{path}: {steps}/{steps} records delivered ({steps}/{steps} items)" in out.getvalue()
+    metric_calls = [n for n in calls if n]
+    assert len(metric_calls) < steps / 10, metric_calls  # many steps a request
+    client = readers_mlflow.client(uri)
+    run = readers_mlflow.only_run(client, client.get_experiment_by_name("p").experiment_id)
+    expected = sorted([("loss", s, s / 10) for s in range(steps)] + [("lr", s, 1e-3) for s in range(steps)])
+    assert sorted(readers_mlflow.metric_triples(client, run.info.run_id)) == expected

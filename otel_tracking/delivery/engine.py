@@ -75,13 +75,25 @@ def _points(payload: Any) -> int:
 
 class _Entry:
     """One item in flight (or a run of merged spans or log records): its payload, which a
-    partial delivery narrows to what has not landed yet, and its tokens."""
+    partial delivery narrows to what has not landed yet, its tokens, and how many of a merged
+    run's spans or log records came with each token (what is set aside is set aside as it came)."""
 
-    __slots__ = ("payload", "tokens")
+    __slots__ = ("payload", "sizes", "tokens")
 
-    def __init__(self, payload: Any, tokens: list[Any]) -> None:
+    def __init__(self, payload: Any, tokens: list[Any], sizes: list[int] | None = None) -> None:
         self.payload = payload
         self.tokens = tokens
+        self.sizes = sizes
+
+    def parts(self) -> list[tuple[Any, list[Any]]]:
+        """(payload, tokens) as they were submitted: one spool record each when set aside."""
+        if self.sizes is None or len(self.tokens) < 2:
+            return [(self.payload, self.tokens)]
+        parts, at = [], 0
+        for token, size in zip(self.tokens, self.sizes, strict=True):
+            parts.append((self.payload[at : at + size], [token]))
+            at += size
+        return parts
 
 
 def item_count(kind: str, payload: Any) -> int:
@@ -268,9 +280,11 @@ class SinkQueue:
             entries = [_Entry(payload, [token])]
             if kind in _MERGEABLE:  # take the run of same-kind items behind it
                 payload = entries[0].payload = list(payload)
+                sizes = entries[0].sizes = [len(payload)]
                 while self._items and self._items[0][0] == kind and len(entries[0].tokens) < _MAX_MERGE:
                     _, more, token = self._items.popleft()
                     payload.extend(more)
+                    sizes.append(len(more))
                     entries[0].tokens.append(token)
             elif kind == "metrics" and self._deliver_many is not None:
                 points = _points(payload)
@@ -323,10 +337,16 @@ class SinkQueue:
             if delivered:
                 self._count("delivered", item_count(kind, entry.payload))
                 self._last_delivery = time.monotonic()
-                outcome = "delivered"
+                outcomes = [(entry.tokens, "delivered")]
             else:
-                outcome = self._set_aside(kind, entry.payload)
-        self._report_done(entry.tokens, outcome)
+                outcomes = self._set_aside_entry(kind, entry)
+        for tokens, outcome in outcomes:
+            self._report_done(tokens, outcome)
+
+    def _set_aside_entry(self, kind: str, entry: _Entry) -> list[tuple[list[Any], str]]:
+        """(Under the lock.)  Set an in-flight item aside as it was submitted (a merged run of
+        spans or log records as one record each); the outcome of each part's tokens."""
+        return [(tokens, self._set_aside(kind, payload)) for payload, tokens in entry.parts()]
 
     def _report_done(self, tokens: list[Any], outcome: str) -> None:
         if self._done is not None:
@@ -466,7 +486,7 @@ class SinkQueue:
                 self._given_up = True
                 for entry in entries:
                     self.ledger.in_flight -= item_count(kind, entry.payload)
-                    given_up.append((entry.tokens, self._set_aside(kind, entry.payload)))
+                    given_up.extend(self._set_aside_entry(kind, entry))
         for tokens, outcome in given_up:
             self._report_done(tokens, outcome)
         if self.spool is not None:

@@ -4,25 +4,28 @@ Each spool file (``<spool dir>/<project>/<experiment>-<run id>/<sink>.jsonl``) s
 naming the sink and the run; replay rebuilds that sink from the header and the *current*
 environment (so point ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``MLFLOW_TRACKING_URI`` where the data
 should go now), reattaches to the backend's run where the tracker supports it (MLflow: the same run
-id), and exports every item in order.  A fully replayed file is renamed ``*.replayed`` (so nothing
-is delivered twice; naming one is refused); items that still fail are written back for the next
-replay.  It says, per file, what was delivered (in records, and in the items a run's summary
-counts), then sums up all files.
+id), and hands every record, in order, to the sink's queue: the same engine as in a run, with its
+retries and its bulk path (MLflow packs many steps into one request).  What the queue cannot
+deliver goes to its spool, a ``.retry`` file, for the next replay; a fully replayed file is
+renamed ``*.replayed`` (so nothing is delivered twice; naming one is refused).  It says, per file,
+what was delivered (in records, and in the items a run's summary counts), then sums up all files.
 
 A replay that is interrupted goes on where it stopped (:class:`Position`): each record is delivered
-at most once, however often replay is stopped and started again.  Ctrl-C or SIGTERM stop it
-between two records; a replay killed while a record was on its way sets that one record aside
-(``*.in-doubt``, said so) rather than deliver it a second time.
+at most once, however often replay is stopped and started again.  Ctrl-C or SIGTERM stop it once
+the records on their way (at most ``_WINDOW``) are settled; a replay killed while records were on
+their way sets those aside (``*.in-doubt``, said so) rather than deliver them a second time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import re
 import signal
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import FrameType
@@ -30,10 +33,11 @@ from typing import Any, TextIO
 
 from otel_tracking.config.destinations import with_destination
 from otel_tracking.config.paths import spool_root
-from otel_tracking.config.settings import build_settings
-from otel_tracking.delivery.engine import item_count
+from otel_tracking.config.settings import Settings, build_settings
+from otel_tracking.delivery.engine import SinkQueue, item_count
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.spool import Damaged, Spool, read_spool_from, unframe
+from otel_tracking.signals.steps import step_batch_of
 
 REPLAYED = ".replayed"  # the suffix of a file delivered in full
 IN_DOUBT = ".in-doubt"  # records a killed replay had on their way: delivered or not, nobody knows
@@ -66,7 +70,9 @@ def _logged_order(path: Path) -> tuple[str, str, int, str]:
     return str(path.parent), _LINK.sub("", _ATTEMPT.sub("", path.name)), attempt, path.name
 
 
-def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Sink:
+def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None) -> tuple[Sink, Settings]:
+    """The sink a spool file's header names, built from the current environment, and the settings
+    it was built with (its delivery policy)."""
     from otel_tracking.config.run_config import RunConfig
     from otel_tracking.delivery.otlp_sinks import build_otlp_sinks
     from otel_tracking.delivery.registry import build_sink
@@ -88,26 +94,30 @@ def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None
     if name in _OTLP:
         signal = _OTLP[name]
         remembered = {signal: str(resume["endpoint"])} if resume.get("endpoint") else None
-        return build_otlp_sinks(settings, remembered)[signal]
-    return build_sink(name, settings, RunConfig(), resume=header.get("resume"))
+        return build_otlp_sinks(settings, remembered)[signal], settings
+    return build_sink(name, settings, RunConfig(), resume=header.get("resume")), settings
 
 
 class Position:
     """How far the replay of one spool file got, kept beside it in ``<file>.position`` so that a
     replay stopped by Ctrl-C, SIGTERM or SIGKILL goes on from there instead of delivering again.
 
-    One fixed-width line, rewritten in place (one ``pwrite``) before and after each record: the
-    spool file's inode (a file replaced since, by a replay that ended, makes the position stale),
-    the offset of the next record, the length of the ``.retry`` file so far (records the backend
-    refused: the next replay truncates it there, so none is written twice) and whether that next
-    record is on its way.  No fsync: it is there for a process that stops, and the page cache
+    One fixed-width line, rewritten in place (one ``pwrite``) as records are handed to the sink
+    and as they are settled: the spool file's inode (a file replaced since, by a replay that ended,
+    makes the position stale), the offset of the first record not settled yet, the length of the
+    ``.retry`` file so far (records the backend refused: the next replay truncates it there, so none
+    is written twice), whether records from that offset on are on their way, and where the last
+    record on its way ends.  No fsync: it is there for a process that stops, and the page cache
     outlives the process (a machine that crashes may deliver its last records again)."""
 
-    _FORMAT = "{:020d} {:020d} {:020d} {:d}\n"
+    _FORMAT = "{:020d} {:020d} {:020d} {:d} {:020d}\n"
 
-    def __init__(self, path: Path, inode: int, offset: int | None, retry_length: int, in_flight: bool) -> None:
+    def __init__(
+        self, path: Path, inode: int, offset: int | None, retry_length: int, in_flight: bool, flight_end: int = 0
+    ) -> None:
         self.path, self.inode = path, inode
         self.offset, self.retry_length, self.in_flight = offset, retry_length, in_flight
+        self.flight_end = flight_end  # 0: the one record at ``offset`` (a position of an older release)
         self._fd: int | None = None
 
     @classmethod
@@ -115,9 +125,9 @@ class Position:
         """The position left by an earlier replay of the file with this inode, or the start."""
         path = spool_path.with_name(spool_path.name + ".position")
         try:
-            inode_s, offset_s, retry_s, flight_s = path.read_text().split()
+            inode_s, offset_s, retry_s, flight_s, *end = path.read_text().split()
             if int(inode_s) == inode:
-                return cls(path, inode, int(offset_s), int(retry_s), flight_s == "1")
+                return cls(path, inode, int(offset_s), int(retry_s), flight_s == "1", int(end[0]) if end else 0)
         except (OSError, ValueError):  # none, or a torn first write: nothing was delivered yet
             pass
         return cls(path, inode, None, 0, False)
@@ -126,11 +136,12 @@ class Position:
     def resumed(self) -> bool:
         return self.offset is not None
 
-    def mark(self, offset: int, retry_length: int, in_flight: bool) -> None:
-        self.offset, self.retry_length, self.in_flight = offset, retry_length, in_flight
+    def mark(self, offset: int, retry_length: int, in_flight: bool, flight_end: int = 0) -> None:
+        self.offset, self.retry_length, self.in_flight, self.flight_end = offset, retry_length, in_flight, flight_end
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
-        os.pwrite(self._fd, self._FORMAT.format(self.inode, offset, retry_length, in_flight).encode(), 0)
+        line = self._FORMAT.format(self.inode, offset, retry_length, in_flight, flight_end)
+        os.pwrite(self._fd, line.encode(), 0)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -142,20 +153,23 @@ class Position:
         self.path.unlink(missing_ok=True)
 
 
-def _set_aside_in_doubt(path: Path, offset: int) -> int:
-    """Move the record at ``offset`` (the one a killed replay had on its way) to ``<file>.in-doubt``
-    and return the offset after it."""
+def _set_aside_in_doubt(path: Path, offset: int, end: int) -> tuple[int, int]:
+    """Move the records from ``offset`` to ``end`` (those a killed replay had on their way; at
+    least the one at ``offset``) to ``<file>.in-doubt``: (the offset after them, how many)."""
+    moved: list[bytes] = []
     with open(path, "rb") as f:
         f.seek(offset)
-        line = f.readline()
-        while line and not line.strip():  # blank lines before it (the reader skips them too)
+        for line in iter(f.readline, b""):
+            if line.strip():  # blank lines are skipped (as the reader skips them)
+                if moved and offset >= end:
+                    break
+                moved.append(line)
             offset += len(line)
-            line = f.readline()
     doubt = path.with_name(path.name + IN_DOUBT)
     with open(doubt, "ab") as f:
-        f.write(line)
+        f.write(b"".join(moved))
     os.chmod(doubt, 0o600)
-    return offset + len(line)
+    return offset, len(moved)
 
 
 class Interrupt:
@@ -263,6 +277,89 @@ def _counts(**nonzero: int) -> dict[str, int]:
     return {**dict.fromkeys(_COUNTS, 0), **nonzero}
 
 
+# Records handed to the sink's queue before replay waits for them to settle: enough for the queue's
+# groups (a bulk export of many steps); a first Ctrl-C waits for those on their way.
+_WINDOW = 256
+
+
+class _Record:
+    """One record on its way: where it ends in the file, its items, and its outcome once settled."""
+
+    __slots__ = ("end", "items", "outcome")
+
+    def __init__(self, end: int, items: int, outcome: str | None = None) -> None:
+        self.end, self.items, self.outcome = end, items, outcome
+
+
+class _Window:
+    """The records of one file on their way through the sink's queue, in file order, and the
+    position beside the file: the first record not settled yet (where a stopped replay goes on)
+    and where the last one on its way ends (a replay killed meanwhile sets them aside as in doubt).
+    The queue's thread settles them (``settled``, its ``done``): counted, drawn, and the position moved."""
+
+    def __init__(self, position: Position, retry_path: Path, counts: dict[str, int], progress: Progress, at: int):
+        self._position, self._retry_path, self._counts, self._progress = position, retry_path, counts, progress
+        self._lock = threading.Lock()
+        self._records: deque[_Record] = deque()
+        self._settled_to = at  # every record before this offset is settled
+        self._handed_to = at
+        self.broken = False  # the retry file could not be written: replay stops, the rest waits
+
+    def on_its_way(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+    def hand(self, end: int, items: int) -> _Record:
+        """A record (ending at ``end``) is handed to the queue: counted, and on its way from now on."""
+        record = _Record(end, items)
+        with self._lock:
+            self._counts["records"] += 1
+            self._counts["items"] += items
+            self._records.append(record)
+            self._handed_to = end
+            self._mark()
+        return record
+
+    def skip(self, end: int, damaged: str | None = None) -> None:
+        """A record with nothing to deliver: the run's end, or a damaged one (``damaged`` says so)."""
+        with self._lock:
+            if damaged is not None:
+                self._progress.say(damaged)
+                self._counts["records"] += 1
+                self._counts["damaged"] += 1
+                self._progress.step(False)
+            self._records.append(_Record(end, 0, "skipped"))
+            self._handed_to = end
+            self._advance()
+
+    def settled(self, record: _Record, outcome: str) -> None:
+        with self._lock:
+            if outcome == "dropped":  # not in the retry file either: it stays on its way (in doubt)
+                self.broken = True
+                return
+            record.outcome = outcome
+            delivered = outcome == "delivered"
+            self._counts["delivered" if delivered else "failed"] += 1
+            self._counts["items_delivered"] += record.items if delivered else 0
+            self._progress.step(delivered)
+            self._advance()
+
+    def _advance(self) -> None:
+        while self._records and self._records[0].outcome is not None:
+            self._settled_to = self._records.popleft().end
+        self._mark()
+
+    def _mark(self) -> None:
+        retry_length = self._retry_path.stat().st_size if self._counts["failed"] else self._position.retry_length
+        self._position.mark(self._settled_to, retry_length, bool(self._records), self._handed_to)
+
+
+def _settle_all(queue: SinkQueue) -> None:
+    """Wait until every record handed to ``queue`` is delivered or in the retry file."""
+    while not queue.flush(60.0):
+        pass
+
+
 def replay_file(
     path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | None = None, interrupt: Interrupt = _NEVER
 ) -> dict[str, int]:
@@ -285,11 +382,11 @@ def replay_file(
         position = Position.of(path, os.fstat(lock.fileno()).st_ino)
         in_doubt = 0
         if position.in_flight and position.offset is not None:
-            position.mark(_set_aside_in_doubt(path, position.offset), position.retry_length, False)
-            in_doubt = 1
+            after, in_doubt = _set_aside_in_doubt(path, position.offset, position.flight_end)
+            position.mark(after, position.retry_length, False)
             out.write(
-                f"{path}: a replay was killed while one record was on its way; it may or may not have arrived, "
-                f"so it is not delivered again: set aside in {path.name}{IN_DOUBT}\n"
+                f"{path}: a replay was killed while {in_doubt} record(s) were on their way; they may or may not have "
+                f"arrived, so they are not delivered again: set aside in {path.name}{IN_DOUBT}\n"
             )
         header, records = read_spool_from(path, position.offset)
         if not header.get("sink"):
@@ -298,7 +395,7 @@ def replay_file(
         ended = _end_record(path)
         if ended is not None:  # the run ended without its tracker: replay ends the backend's run
             header = {**header, "resume": {**(header.get("resume") or {}), "end_run": True}}
-        sink = rebuild_sink(header, env)
+        sink, settings = rebuild_sink(header, env)
         out.write(f"{header['sink']}: {path} -> {sink.where or 'its backend'}\n")
         if sink.metrics is None and sink.spans is None and sink.logs is None:  # it could not open
             out.write(f"{path}: not replayed (the backend did not open); kept for the next replay\n")
@@ -312,33 +409,37 @@ def replay_file(
             os.truncate(retry_path, position.retry_length)
         retry = Spool(retry_path, header)
         counts = _counts(in_doubt=in_doubt)
-        offset = _after_header(path) if position.offset is None else position.offset
+        start = _after_header(path) if position.offset is None else position.offset
+        window = _Window(position, retry_path, counts, progress, start)
+        # The sink's queue, the engine every sink has: its retries, its groups (MLflow: a request of
+        # up to 1,000 metrics), and what it cannot deliver goes to the retry file, its spool.
+        # The run's retries; its queue size is the window's (replay never has more on their way,
+        # and a full queue would set records aside before their first attempt).
+        policy = dataclasses.replace(settings.delivery, export_interval_s=0.0, queue_size=_WINDOW)
+        queue = SinkQueue(
+            f"replay-{sink.name}", sink.deliver, sink.count, retry, policy, done=window.settled,
+            deliver_many=sink.deliver_many,
+        )  # fmt: skip
+        # A second Ctrl-C (KeyboardInterrupt) leaves from the middle of this: what is on its way is
+        # in doubt at the next replay.
         for end, record in records:
-            if interrupt.requested.is_set():
+            if interrupt.requested.is_set() or window.broken:
                 counts["interrupted"] = 1
                 break
             if isinstance(record, Damaged):
-                counts["records"] += 1
-                counts["damaged"] += 1
-                progress.say(f"{record.path}: damaged record at byte {record.offset} skipped ({record.reason})")
-                progress.step(False)
-            elif record[0] != "end":  # an end record is not data: it tells replay how the run ended
+                window.skip(end, f"{record.path}: damaged record at byte {record.offset} skipped ({record.reason})")
+            elif record[0] == "end":  # not data: it tells replay how the run ended
+                window.skip(end)
+            else:
                 kind, payload = record
-                counts["records"] += 1
-                items = item_count(kind, payload)
-                counts["items"] += items
-                position.mark(offset, position.retry_length, True)
-                ok = sink.deliver(kind, payload)
-                if ok:
-                    counts["delivered"] += 1
-                    counts["items_delivered"] += items
-                else:
-                    counts["failed"] += 1
-                    retry.write(kind, payload)
-                progress.step(ok)
-            retry_length = retry_path.stat().st_size if counts["failed"] else position.retry_length
-            position.mark(end, retry_length, False)
-            offset = end
+                if kind == "metrics":  # a log() call again, for the sink's bulk path
+                    payload = step_batch_of(payload) or payload
+                queue.submit(kind, payload, window.hand(end, item_count(kind, payload)))
+                if window.on_its_way() >= _WINDOW:
+                    _settle_all(queue)
+        _settle_all(queue)
+        queue.stop(settings.finish_timeout_s)
+        counts["interrupted"] |= window.broken
         sink.finish(0 if ended is None else ended)
         retry.close()
         if counts["interrupted"]:

@@ -127,6 +127,36 @@ class StepBatch:
         )
 
 
+def step_batch_of(data: MetricsData) -> StepBatch | None:
+    """The log() call that :func:`step_batch` made ``data`` from (what a spool record of it
+    decodes to), so that a step exporter's bulk path takes it again; None for any other metric data
+    (an OTLP sink's periodic gauges)."""
+    if len(data.resource_metrics) != 1 or len(data.resource_metrics[0].scope_metrics) != 1:
+        return None
+    resource_metrics = data.resource_metrics[0]
+    metrics = resource_metrics.scope_metrics[0].metrics
+    points = []
+    for metric in metrics:
+        if not isinstance(metric.data, Gauge) or len(metric.data.data_points) != 1:
+            return None
+        points.append(metric.data.data_points[0])
+    if not metrics or metrics[0].name != STEP_METRIC or any(point.attributes for point in points[1:]):
+        return None
+    step_point = points[0]
+    others_json = (step_point.attributes or {}).get(OTHERS_ATTRIBUTE)
+    scalars = {metric.name: point.value for metric, point in zip(metrics[1:], points[1:], strict=True)}
+    if len(scalars) != len(metrics) - 1:  # a key twice: not one log() call's
+        return None
+    return StepBatch(
+        resource_metrics.resource,
+        int(step_point.value),
+        scalars,
+        decode_others(str(others_json)) if others_json else {},
+        step_point.time_unix_nano,
+        others_json=str(others_json) if others_json else None,
+    )
+
+
 def materialize(data: MetricsData | StepBatch) -> MetricsData:
     return data.metrics_data() if isinstance(data, StepBatch) else data
 
