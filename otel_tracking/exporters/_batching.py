@@ -7,7 +7,7 @@ requests one after the other, key by key (each key's points in the order logged)
 first failure; lanes run side by side.  So a key's points reach the backend in the order logged
 even with several requests in flight and a request failing mid-group, and what did not land is
 known point by point: the caller retries (or spools) exactly that, never a point that landed.
-Groups go one after the other (the delivery worker's), so a key may change lanes between them.
+Groups go one after the other (from the sink queue's one thread), so a key may change lanes between them.
 
     20 steps of 200 keys --> lane 0: 50 keys --> [req: 1,000 points]   (in order)
                         \\-> lane 1: 50 keys --> [req: 1,000 points]   (beside it)
