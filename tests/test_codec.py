@@ -179,3 +179,42 @@ def test_metrics_keep_sums_units_and_scopes() -> None:
     assert tokens.data.aggregation_temporality == AggregationTemporality.CUMULATIVE
     assert tokens.data.data_points == [point]
     assert isinstance(loss.data, Gauge) and loss.data.data_points[0].value == 0.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    step=st.integers(0, 2**62),
+    numbers=st.dictionaries(keys, st.one_of(st.integers(-(2**53), 2**53), st.floats()), max_size=6),
+    others=st.dictionaries(keys.map(lambda k: "o" + k), st.one_of(text, st.lists(st.integers(-9, 9), max_size=3))),
+    time_ns=st.integers(0, 2**63 - 1),
+)
+def test_a_spooled_step_is_the_log_call_again(
+    step: int, numbers: dict[str, Any], others: dict[str, Any], time_ns: int
+) -> None:
+    """Replay turns a spooled step back into the log() call (``step_batch_of``) for a tracker's bulk
+    path: what the tracker then writes is what it wrote from the live call."""
+    from otel_tracking.signals.steps import StepBatch, step_batch_of
+
+    numbers = {k: v for k, v in numbers.items() if k not in others}
+    batch = StepBatch(Resource.create({}), step, numbers, others, time_ns)
+    again = step_batch_of(DECODERS["metrics"](json.loads(json.dumps(ENCODERS["metrics"](batch)))))
+    assert again is not None
+    live, replayed = batch.record(), again.record()
+    assert (replayed.step, replayed.others, replayed.time_unix_nano) == (live.step, live.others, live.time_unix_nano)
+    assert list(replayed.scalars) == list(live.scalars)
+    assert all(same(replayed.scalars[k], v) for k, v in live.scalars.items())
+
+
+def test_metric_data_that_is_no_log_call_stays_as_it_is() -> None:
+    """An OTLP sink's periodic gauges (each key's last value, with its own time and description) and
+    labelled gauges are not one log() call."""
+    from otel_tracking.signals.steps import LatestValues, labelled_gauge, step_batch_of, wrap
+
+    latest = LatestValues()
+    latest.update(3, {"loss": 0.5}, 10)
+    latest.update(4, {"lr": 0.1}, 20)
+    snapshot = latest.snapshot(Resource.create({}))
+    assert snapshot is not None and step_batch_of(snapshot) is None
+    busy = labelled_gauge("anatomy.busy_frac", "1", "busy", "ml.role", {"actor": 0.5}, 1)
+    assert step_batch_of(wrap(Resource.create({}), [busy])) is None
+    assert step_batch_of(wrap(Resource.create({}), [])) is None

@@ -432,8 +432,8 @@ def replay_file(
                 window.skip(end)
             else:
                 kind, payload = record
-                if kind == "metrics":  # a log() call again, for the sink's bulk path
-                    payload = step_batch_of(payload) or payload
+                if kind == "metrics" and sink.exporters.step_records is not None:  # a log() call again, for
+                    payload = step_batch_of(payload) or payload  # a step exporter's bulk path
                 queue.submit(kind, payload, window.hand(end, item_count(kind, payload)))
                 if window.on_its_way() >= _WINDOW:
                     _settle_all(queue)

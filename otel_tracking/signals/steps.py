@@ -137,12 +137,15 @@ def step_batch_of(data: MetricsData) -> StepBatch | None:
     metrics = resource_metrics.scope_metrics[0].metrics
     points = []
     for metric in metrics:
-        if not isinstance(metric.data, Gauge) or len(metric.data.data_points) != 1:
+        if not isinstance(metric.data, Gauge) or len(metric.data.data_points) != 1 or metric.description or metric.unit:
             return None
         points.append(metric.data.data_points[0])
-    if not metrics or metrics[0].name != STEP_METRIC or any(point.attributes for point in points[1:]):
+    if not metrics or metrics[0].name != STEP_METRIC:
         return None
     step_point = points[0]
+    # One log() call: its values have no attributes, and every point its time.
+    if any(point.attributes or point.time_unix_nano != step_point.time_unix_nano for point in points[1:]):
+        return None
     others_json = (step_point.attributes or {}).get(OTHERS_ATTRIBUTE)
     scalars = {metric.name: point.value for metric, point in zip(metrics[1:], points[1:], strict=True)}
     if len(scalars) != len(metrics) - 1:  # a key twice: not one log() call's
