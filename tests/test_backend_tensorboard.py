@@ -428,7 +428,7 @@ def _lane(lane: int, step: int) -> None:
 def test_the_c_checksum_is_tensorboards_own(data: bytes) -> None:
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tensorboards
 
-    from otel_tracking.exporters.tensorboard import masked_crc32c
+    from otel_tracking.compat.tensorboard_internals import masked_crc32c
 
     assert masked_crc32c(data) == tensorboards(data)
 

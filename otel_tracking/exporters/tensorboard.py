@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from otel_tracking.compat.tensorboard_internals import checksums_in_c
 from otel_tracking.config import paths
 from otel_tracking.exporters._base import (
     Event,
@@ -73,32 +74,6 @@ def generations_text(samples: Sequence[Any], step: int) -> str:
             parts.append(f"**Data:** {sample}\n\n")
         parts.append("---\n\n")
     return "".join(parts)
-
-
-def masked_crc32c(data: bytes) -> int:
-    """The masked CRC32C of a TFRecord (length, then payload), as TensorBoard's writer computes it,
-    from google-crc32c's C code."""
-    import google_crc32c
-
-    crc = int(google_crc32c.value(data))
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def checksums_in_c() -> bool:
-    """TensorBoard's writer checksums each record with a pure-Python CRC32C (its TensorFlow stub):
-    two thirds of the time of a burst (136 of 200 ms for 200 steps of 200 scalars).  In the bridge
-    process, which runs only our code and the trackers', its record writer takes the same checksum
-    from C; the bytes on disk are the same.  The training process's TensorBoard is left as it is.
-    False (and nothing changed) without google-crc32c, or with a TensorBoard that has moved it."""
-    try:
-        import google_crc32c  # noqa: F401
-        from tensorboard.summary.writer import record_writer
-    except ImportError:
-        return False
-    if not callable(getattr(record_writer, "masked_crc32c", None)):
-        return False
-    record_writer.masked_crc32c = masked_crc32c
-    return True
 
 
 class TensorboardSession(TrackerSession):
