@@ -1,4 +1,4 @@
-"""SwanLab: the steps the bridge emits itself (``_StepEvents``, skipping run.log's per-value checks)
+"""SwanLab: the steps the bridge emits itself (``compat/swanlab_internals.py``, skipping run.log's per-value checks)
 are the records run.log writes for the same calls, read back with SwanLab's own reader."""
 
 from __future__ import annotations
@@ -83,3 +83,51 @@ def test_a_step_of_numbers_under_checked_keys_skips_run_log(tmp_path: Path, monk
         ("lead", 1, 2.0),
         ("a/b", 2, 2.0),
     ]
+
+
+def test_the_pinned_swanlab_has_every_private_name_and_is_a_tested_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The contract with the pinned SwanLab: fails when a private name moves."""
+    import swanlab
+
+    from otel_tracking.compat import swanlab_internals
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert swanlab_internals.tested_version(swanlab), (
+        f"SwanLab {swanlab.__version__} is not in TESTED_RELEASES {swanlab_internals.TESTED_RELEASES}: "
+        "run these tests against it, then add it"
+    )
+    run = swanlab.init(mode="offline", project="p", name="contract", log_dir=str(tmp_path / "own"), reinit=True)
+    try:
+        assert swanlab_internals.missing(run) == []
+    finally:
+        run.finish()
+
+
+def test_without_a_private_name_every_step_goes_through_run_log_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from swanlab.sdk.internal import bus
+
+    from otel_tracking.compat import swanlab_internals
+    from otel_tracking.exporters._base import TrackerContext
+    from otel_tracking.exporters.swanlab import SwanLabSession
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(swanlab_internals, "_said", set())
+    monkeypatch.delattr(bus, "MetricLogEvent")  # a release that moved it
+    env = {"SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")}
+    session = SwanLabSession(TrackerContext(project="p", experiment="moved", env=env))
+    assert session._steps is None
+    session.log({"loss": 1.0}, 0)
+    session.log({"loss": 0.5}, 1)
+    session.finish()
+    warned = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "MetricLogEvent" in r.getMessage()
+    ]
+    assert len(warned) == 1, warned
+    (run,) = wait_for_run(tmp_path / "swanlog")
+    assert [(k, s, v) for k, s, v in run.scalars] == [("loss", 0, 1.0), ("loss", 1, 0.5)]

@@ -12,7 +12,7 @@ What lands where:
   NaN and +/-inf included (SwanLab stores them); bools as SwanLab stores them (1/0).  Non-number
   values are skipped: the reference passed them too, and SwanLab rejected each with an error line.
   A step of plain numbers under keys SwanLab keeps as they are is emitted as the event ``run.log``
-  would emit, without its per-value checks (``_StepEvents``): the same records.
+  would emit, without its per-value checks (``compat/swanlab_internals.py``): the same records.
 * each finished ``trace_state`` span -> scalar ``timing_s/state/<name>`` at the span's step.
 * ``ml.validation.generations`` -> ``swanlab.echarts.Table`` with headers ``step, input, output,
   score`` and one row ``[step, input, output, score]`` per sample, logged as ``val/generations``.
@@ -33,6 +33,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from otel_tracking.compat.swanlab_internals import FastSteps
 from otel_tracking.exporters._base import (
     Event,
     HighestStep,
@@ -93,7 +94,7 @@ class SwanLabSession(HighestStep, TrackerSession):
         self.resume = {"id": str(run_id)} if run_id else None  # how a resumed run reattaches
         self.finished = False
         self._lock = threading.Lock()
-        self._steps = _StepEvents.of(self.run)
+        self._steps = FastSteps.of(self.run)
         run_dir = getattr(self.run, "dir", None)
         self.where = f"SwanLab {kwargs['mode']} run {context.project}/{context.experiment}" + (
             f" at {run_dir}" if run_dir else ""
@@ -163,76 +164,6 @@ class SwanLabSession(HighestStep, TrackerSession):
             self.finished = True
         state = "success" if exit_code == 0 else "crashed"
         self.run.finish(state=state, error=None if exit_code == 0 else f"exit code {exit_code}")
-
-
-# SwanLab's run.log spends ~1 ms of a step of 200 numbers checking it (a flatten, a context manager
-# and a pydantic key check per value) before it emits one event for SwanLab's writer thread, in the
-# one GIL that thread needs for the rest (~6 ms of that step).  The step records of a training run
-# are plain numbers under the same keys step after step: for those, _StepEvents emits the event
-# run.log would emit, with the same lock, step and timestamp, once each key has been through
-# SwanLab's own key check unchanged.  Anything else (a table, a NumPy number, a key SwanLab trims
-# or rejects, a finished run) and a SwanLab without these internals go through run.log.
-# tests/test_swanlab_steps.py checks that the records are run.log's.
-
-_NUMBERS = (float, int, bool)
-
-
-class _StepEvents:
-    """Emits a step of plain numbers as SwanLab's ``run.log`` would."""
-
-    def __init__(self, run: Any, event: Any, timestamp: Any, validate_key: Any) -> None:
-        self.run = run
-        self._event = event
-        self._timestamp = timestamp
-        self._validate_key = validate_key
-        self._emit = run._components.emitter.emit
-        self._kept: set[str] = set()  # keys SwanLab's key check returned unchanged
-
-    @classmethod
-    def of(cls, run: Any) -> _StepEvents | None:
-        try:
-            from google.protobuf.timestamp_pb2 import Timestamp
-            from swanlab.sdk.internal.bus import MetricLogEvent
-            from swanlab.sdk.internal.run import fmt
-
-            if not all(hasattr(run, name) for name in ("_api_lock", "_ctx", "alive")):
-                return None
-            if not callable(getattr(run._ctx, "next_step", None)):
-                return None
-            return cls(run, MetricLogEvent, Timestamp, fmt.validate_key)
-        except Exception:  # another SwanLab: run.log it is
-            return None
-
-    def emit(self, data: Mapping[str, Any], step: int) -> bool:
-        """Emit ``data`` at ``step``; False (nothing emitted) unless run.log would emit it as it is."""
-        if type(step) is not int or step < 0:
-            return False
-        kept = self._kept
-        for key, value in data.items():
-            if type(value) not in _NUMBERS:
-                return False
-            if key not in kept and not self._keeps(key):
-                return False
-        run = self.run
-        with run._api_lock:
-            if not run.alive:
-                return False
-            next_step = run._ctx.next_step(step)
-            timestamp = self._timestamp()
-            timestamp.GetCurrentTime()
-            self._emit(self._event(data=dict(data), step=next_step, timestamp=timestamp))
-        return True
-
-    def _keeps(self, key: Any) -> bool:
-        if type(key) is not str:
-            return False
-        try:
-            same = self._validate_key(key) == key
-        except Exception:  # rejected: run.log says so
-            return False
-        if same:
-            self._kept.add(key)
-        return same
 
 
 EXPORTERS = tracker_exporters("SwanLab", SwanLabSession, __name__)
