@@ -439,3 +439,58 @@ def test_rows_queued_directly_are_the_rows_run_log_writes(trackio_env: str, step
     assert _raw_rows(trackio_env, f"ours-{name}") == _raw_rows(trackio_env, f"log-{name}")
     config = {"lr": 0.1} if steps else {}  # Trackio writes a run's config with its first row
     assert config_of(trackio_env, f"ours-{name}") == config_of(trackio_env, f"log-{name}") == config
+
+
+# --- the contract with the pinned Trackio (compat/trackio_internals.py) -----------------------------
+
+
+def test_the_pinned_trackio_has_every_private_name_and_is_a_tested_release(trackio_env: str) -> None:
+    import importlib
+
+    import trackio
+
+    from otel_tracking.compat import trackio_internals
+
+    assert trackio_internals.tested_version(trackio), (
+        f"Trackio {trackio.__version__} is not in TESTED_RELEASES {trackio_internals.TESTED_RELEASES}: "
+        "run these tests against it, then add it"
+    )
+    run = trackio.init(project=trackio_env, name="contract", embed=False)
+    try:
+        for where, names in trackio_internals.PRIVATE_NAMES.items():
+            if where == "trackio run":
+                holder: Any = run
+            else:
+                module, _, attribute = where.rpartition(".")
+                holder = (
+                    importlib.import_module(where)
+                    if where == "trackio.utils"
+                    else getattr(importlib.import_module(module), attribute)
+                )
+            lacking = [name for name in names if not hasattr(holder, name)]
+            assert not lacking, f"{where} lacks {lacking}: the rows and their times go through run.log"
+        assert run._is_local
+    finally:
+        trackio.finish()
+
+
+def test_without_a_private_name_run_log_writes_every_row_with_one_warning(
+    trackio_env: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from otel_tracking.compat import trackio_internals
+    from otel_tracking.exporters._base import TrackerContext
+    from otel_tracking.exporters.trackio import TrackioSession
+
+    monkeypatch.setattr(trackio_internals, "_said", set())
+    # A release without one of the names (taking a real one away from Trackio breaks Trackio itself)
+    monkeypatch.setattr(trackio_internals, "ROWS", (*trackio_internals.ROWS, "_renamed_by_a_release"))
+    session = TrackioSession(TrackerContext(project=trackio_env, experiment="moved", env=os.environ))
+    assert (session._row_times, session._queue_rows) == (False, False)
+    for step in range(3):
+        session.log({"loss": 1.0 / (step + 1)}, step)
+    session.finish()
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "_renamed_by_a_release" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+    assert _raw_rows(trackio_env, "moved") == [(s, [("loss", 1.0 / (s + 1))]) for s in range(3)]

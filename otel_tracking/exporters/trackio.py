@@ -14,7 +14,7 @@ What lands where:
 * finished spans: ``{"timing_s/state/<name>": seconds}`` (and ``.../slowest`` for a phase several
   lanes ran) once per step at the spans' ``ml.step`` (``timings.StepTimings``);
 * each row's time: when its ``log()`` ran (a timing's: its phase's end), not when Trackio's sender
-  wrote it (see ``_keep_row_times``);
+  wrote it (see ``compat/trackio_internals.py``);
 * validation generations: ``{"val/generations": [trackio.Trace, ...]}`` at the event's step, one
   trace per sample built exactly as the reference's ``log_generations_to_trackio`` did (Trackio
   keeps them in its ``traces`` table), and in the same row ``val/generations_table``, a
@@ -24,7 +24,7 @@ What lands where:
 * the DAPO filtered-reward table: nothing (the reference's table logger is wandb-only).
 
 The exporters call the session's ``Run`` object directly, not ``trackio.log``: Trackio finds its
-current run through a context variable, which another thread (a delivery layer's worker) does not
+current run through a context variable, which another thread (a sink's queue thread) does not
 see.  ``finish`` ends the run and returns only when Trackio's sender thread has written everything
 to its sqlite database.
 
@@ -34,15 +34,14 @@ to Trackio if Trackio is not imported yet, and warns (and reports the real direc
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from otel_tracking.compat.trackio_internals import drain, probe, queue_row, stamp_last_row
 from otel_tracking.exporters._base import (
     Event,
     SinkParts,
@@ -130,8 +129,7 @@ class TrackioSession(TrackerSession):
                 project=context.project, name=context.experiment, config=config, embed=False, resume=resume
             )
         self.run = run
-        self._row_times = _keep_row_times(run)
-        self._queue_rows = _can_queue_rows(run)
+        self._row_times, self._queue_rows = probe(run, logger)
         self.directory = str(utils.TRACKIO_DIR)
         place = getattr(self.run, "url", None) or self.directory
         self.where = f"trackio project {self.run.project!r}, run {self.run.name!r} in {place}"
@@ -149,15 +147,15 @@ class TrackioSession(TrackerSession):
 
     def log(self, data: dict[str, Any], step: int, time_unix_nano: int = 0) -> None:
         """One Trackio row at ``step``, timed at ``time_unix_nano`` (when the data was logged) when
-        given and this Trackio keeps row times (:func:`_keep_row_times`), else when Trackio writes it."""
+        given and this Trackio keeps row times (``compat/trackio_internals.py``), else when Trackio writes it."""
         if self.closed:
             raise RuntimeError(f"the trackio run {self.run.name!r} is finished")
         stamp = _row_stamp(time_unix_nano) if time_unix_nano and self._row_times else None
-        if self._queue_rows and _queue_row(self.run, data, step, stamp):
+        if self._queue_rows and queue_row(self.run, data, step, stamp):
             return
         self.run.log(data, step=step)  # an empty dict still makes a row, as the reference's did
         if stamp:
-            _stamp_last_row(self.run, stamp)
+            stamp_last_row(self.run, stamp)
 
     def write_step(self, record: StepRecord) -> bool:
         data: dict[str, Any] = dict(record.scalars)
@@ -211,140 +209,11 @@ class TrackioSession(TrackerSession):
         finally:
             if context_vars.current_run.get() is run:
                 context_vars.current_run.set(None)
-        _drain(run)
-
-
-# Trackio's local run (0.40-0.43) writes each batch of queued rows with the time its sender thread
-# flushes them: a backlog (a run that opened late, a slow tracker) would share one timestamp.  Its
-# remote path already honours a row's own "timestamp"; these two hooks give the local sqlite path
-# the same.  Another Trackio (no such internals) writes rows as it always did.
-
-
-def _keep_row_times(run: Any) -> bool:
-    """Make ``run`` write each queued row with its own ``timestamp``; False if this Trackio cannot."""
-    needed = ("_queued_logs", "_queue_lock", "_write_logs_to_sqlite", "_storage_mode")
-    if not getattr(run, "_is_local", False) or not all(hasattr(run, name) for name in needed):
-        return False
-    from trackio.sqlite_storage import SQLiteStorage
-
-    original = run._write_logs_to_sqlite
-
-    def write_with_row_times(logs: list[dict[str, Any]]) -> None:
-        if run._storage_mode == "jsonl":
-            original(logs)  # its fragments carry each row's timestamp already
-            return
-        now = datetime.now(timezone.utc).isoformat()
-        by_run: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
-        for entry in logs:
-            by_run.setdefault((entry["project"], entry["run"], entry.get("run_id")), []).append(entry)
-        for (project, name, run_id), entries in by_run.items():
-            # Trackio's own writer passes these as its rows hold them (a step or log id may be None).
-            steps: list[Any] = [entry.get("step") for entry in entries]
-            log_ids: list[Any] = [entry.get("log_id") for entry in entries]
-            try:
-                SQLiteStorage.bulk_log(
-                    project=project,
-                    run=name,
-                    run_id=run_id,
-                    metrics_list=[entry["metrics"] for entry in entries],
-                    steps=steps,
-                    timestamps=[entry.get("timestamp") or now for entry in entries],
-                    config=next((entry["config"] for entry in entries if entry.get("config")), None),
-                    log_ids=log_ids,
-                )
-            except Exception as error:  # as Trackio's own writer: warn, and the run goes on
-                logger.warning("trackio failed to write %d rows of run %r: %s", len(entries), name, error)
-
-    run._write_logs_to_sqlite = write_with_row_times
-    return True
+        drain(run, _DRAIN_TIMEOUT_S)
 
 
 def _row_stamp(time_unix_nano: int) -> str:
     return datetime.fromtimestamp(time_unix_nano / 1e9, tz=timezone.utc).isoformat()
-
-
-def _stamp_last_row(run: Any, stamp: str) -> None:
-    """The time of the row ``run.log`` just queued, unless Trackio's sender took it already (then
-    it is written within Trackio's send interval of now, its time the flush's)."""
-    with run._queue_lock:
-        if run._queued_logs and not run._queued_logs[-1].get("timestamp"):
-            run._queued_logs[-1]["timestamp"] = stamp
-
-
-# Trackio's run.log costs ~0.75 ms for a step of 200 numbers (a figure check, a media check and a
-# JSON round trip per value), more than the rest of the tracker; the step records of a training run
-# are nothing but numbers.  For those, _queue_row queues the row Trackio's run.log would queue, in
-# the same form, and its sender writes it as its own.  Anything else (a string, a table, a reserved
-# key that Trackio renames with a warning), and a Trackio without these internals, goes through
-# run.log.  tests/test_backend_trackio.py checks the rows against run.log's.
-
-_ROW_INTERNALS = ("_queued_logs", "_queue_lock", "_ensure_sender_alive", "_thread_is_alive", "_flush_queues_inline")
-_ROW_FIELDS = ("_next_step", "_config_logged", "config", "project", "name", "id")
-
-
-def _can_queue_rows(run: Any) -> bool:
-    return bool(getattr(run, "_is_local", False)) and all(hasattr(run, name) for name in _ROW_INTERNALS + _ROW_FIELDS)
-
-
-def _queue_row(run: Any, data: Mapping[str, Any], step: int, stamp: str | None) -> bool:
-    """Queue ``data`` at ``step`` as Trackio's ``run.log`` would; False (nothing queued) unless
-    every value is a plain number that fits JSON and no key is one Trackio renames."""
-    from trackio import utils
-
-    metrics: dict[str, Any] = {}
-    for key, value in data.items():
-        kind = type(value)
-        if kind not in (float, int, bool) or key in utils.RESERVED_KEYS or key.startswith("__"):
-            return False
-        if not key.isascii() and not _is_utf8(key):
-            return False  # a lone surrogate: run.log drops the key with a warning
-        if kind is float and not math.isfinite(value):
-            value = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-        elif kind is int and not -(2**63) <= value < 2**64:
-            return False  # beyond JSON's 64 bits: run.log drops it with a warning
-        metrics[key] = value
-    run._next_step = max(run._next_step, step + 1)
-    config = None
-    if not run._config_logged and run.config:
-        config = utils.to_json_safe(run.config)
-        run._config_logged = True
-    entry: dict[str, Any] = {
-        "project": run.project,
-        "run": run.name,
-        "run_id": run.id,
-        "metrics": metrics,
-        "step": step,
-        "config": config,
-        "log_id": uuid.uuid4().hex,
-    }
-    if stamp:
-        entry["timestamp"] = stamp
-    with run._queue_lock:
-        run._queued_logs.append(entry)
-        run._ensure_sender_alive()
-    if not run._thread_is_alive("_local_sender_thread"):
-        run._flush_queues_inline()
-    return True
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _drain(run: Any) -> None:
-    """Trackio's finish() waits 30 s for its sender thread and then gives up, leaving queued rows
-    unwritten; wait longer, then write what is left from this thread."""
-    thread = getattr(run, "_local_sender_thread", None)
-    if isinstance(thread, threading.Thread) and thread.is_alive():
-        thread.join(_DRAIN_TIMEOUT_S)
-    pending = getattr(run, "_queued_logs", None)
-    flush_inline = getattr(run, "_flush_queues_inline", None)
-    if pending and callable(flush_inline) and not (isinstance(thread, threading.Thread) and thread.is_alive()):
-        flush_inline()
 
 
 EXPORTERS = tracker_exporters("Trackio", TrackioSession, __name__)
