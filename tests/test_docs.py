@@ -291,3 +291,57 @@ def test_the_readme_is_short_and_its_first_screen_has_install_the_two_commands_a
     # every relative link and picture of the README is a file of the checkout
     for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme):
         assert (REPO / target).exists(), target
+
+
+def _defined(module: Path, dotted: str) -> bool:
+    """Whether ``module`` defines ``dotted`` (a function, a class, or a class's method)."""
+    tree = ast.parse(module.read_text())
+    scope: list[ast.stmt] = tree.body
+    for part in dotted.split("."):
+        found = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part]
+        if not found:
+            return False
+        scope = found[0].body if isinstance(found[0], ast.ClassDef) else []
+    return True
+
+
+def _one_value_claims(text: str) -> tuple[int, list[tuple[str, str]], list[str]]:
+    """(hops, (module, name) pairs, thread names) that docs/architecture/one-value.md states."""
+    hops = len(re.findall(r"^\d+\. ", text, flags=re.M))
+    pairs = re.findall(r"`(\w+/\w+\.py)` `([\w.]+)`", text)
+    threads = re.findall(r"`(otel-tracking-[\w-]+?)(?:_<n>)?`", text)
+    return hops, pairs, threads
+
+
+def test_one_values_path_names_real_functions_and_threads_in_at_most_ten_hops() -> None:
+    """The architecture page that follows one log() value to MLflow cannot drift from the code:
+    every module and function it names is defined there, and every thread it names is one the
+    code starts."""
+    text = (REPO / "docs" / "architecture" / "one-value.md").read_text()
+    hops, pairs, threads = _one_value_claims(text)
+    assert 0 < hops <= 10
+    assert len(pairs) >= 8 and len(threads) >= 4
+    package = REPO / "otel_tracking"
+    missing = [f"{path} {name}" for path, name in pairs if not _defined(package / path, name)]
+    assert not missing, f"one-value.md names what the code does not define: {missing}"
+    code = "\n".join(p.read_text() for p in package.rglob("*.py"))
+    started = set(re.findall(r'name=f?"(otel-tracking-[\w{}-]+)"', code))
+    started |= set(re.findall(r'thread_name_prefix="(otel-tracking-[\w-]+)"', code))
+
+    def starts(thread: str) -> bool:  # by its literal name, or a SinkQueue's f"otel-tracking-{name}" of a literal name
+        queue = thread.removeprefix("otel-tracking-")
+        return thread in started or ("otel-tracking-{name}" in started and f'"{queue}"' in code)
+
+    unknown = [t for t in threads if not starts(t)]
+    assert not unknown, f"one-value.md names threads the code does not start: {unknown}"
+
+
+def test_the_one_value_check_catches_a_renamed_function_and_a_made_up_thread() -> None:
+    text = (REPO / "docs" / "architecture" / "one-value.md").read_text()
+    _, pairs, _ = _one_value_claims(text)
+    package = REPO / "otel_tracking"
+    assert not _defined(package / pairs[0][0], pairs[0][1] + "_renamed")
+    _, _, threads = _one_value_claims(text + "\n`otel-tracking-made-up`")
+    assert "otel-tracking-made-up" in threads
+    code = "\n".join(p.read_text() for p in package.rglob("*.py"))
+    assert '"made-up"' not in code and "otel-tracking-made-up" not in code
