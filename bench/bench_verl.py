@@ -55,9 +55,14 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def child(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+def child(spec: dict[str, Any], env: dict[str, str], cwd: str | None = None) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, str(HERE), "--child", json.dumps(spec)], env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, str(HERE), "--child", json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=cwd,
     )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-4000:])
@@ -337,6 +342,11 @@ def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
         def thread_s(self) -> float:
             return time.thread_time()  # the thread Ray runs this actor's calls on: update()'s too
 
+        def otel_tracking_dir(self) -> str:
+            import otel_tracking
+
+            return str(Path(otel_tracking.__file__).parents[1])  # the checkout this actor runs
+
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         worker = ray.remote(Worker).remote()
@@ -345,6 +355,7 @@ def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
             out = paced(lambda i: ray.get(worker.update.remote(i)), spec["rate"], spec["seconds"],
                         lambda: ray.get(worker.cpu_s.remote()), lambda: ray.get(worker.thread_s.remote()))  # fmt: skip
         ray.get(worker.flush.remote())
+        out["otel_tracking"] = ray.get(worker.otel_tracking_dir.remote())
     finally:
         ray.shutdown()
     return out
@@ -396,7 +407,9 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         if mode == "before"
                         else {}
                     )
-                    one = child(spec, {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **path})
+                    # Ray puts the driver's working directory first on its workers' path: that checkout's too
+                    cwd = args.before if mode == "before" else None
+                    one = child(spec, {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **path}, cwd)
                     one["spans_arrived"] = sum(s["name"] == "actor_update" for s in receiver.received.spans())
                     one["trace_requests"] = len(receiver.received.traces)
                 rounds[mode].append(one)
@@ -408,6 +421,8 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "spans_arrived": min(r["spans_arrived"] for r in each),
                 "trace_requests": int(statistics.median(r["trace_requests"] for r in each)),
             }
+            if "otel_tracking" in each[0]:
+                result[mode]["otel_tracking"] = sorted({r["otel_tracking"] for r in each})
             if "call_thread_us_per_call" in each[0]:
                 result[mode]["call_thread_us_per_call"] = statistics.median(r["call_thread_us_per_call"] for r in each)
         result["spans_arrived"] = result["on"]["spans_arrived"]
@@ -489,7 +504,9 @@ def render(report: dict[str, Any]) -> str:
                       f"ours {b['cpu_per_wall_s']:.3f}, "
                       f"added {covered['before_added_cpu_pct_of_a_core']:.1f}% ({ratio:.2f}x the SDK's), "
                       f"{b['spans_arrived']} spans arrived in {b['trace_requests']} OTLP requests; "
-                      f"call thread {b.get('call_thread_us_per_call', 0):.0f} µs per call."]  # fmt: skip
+                      f"call thread {b.get('call_thread_us_per_call', 0):.0f} µs per call; the actor ran "
+                      f"{', '.join(b['otel_tracking'])}, after's "
+                      f"{', '.join(covered['on']['otel_tracking'])}."]  # fmt: skip
         if "call_thread_us_per_call" in covered["off"]:
             per_call = {mode: covered[mode]["call_thread_us_per_call"] for mode in ("off", "sdk", "on")}
             lines += ["", "The covered actor's call thread alone (CPU µs per call, median of rounds; the rest of the "
