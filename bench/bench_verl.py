@@ -55,9 +55,14 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def child(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+def child(spec: dict[str, Any], env: dict[str, str], cwd: str | None = None) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, str(HERE), "--child", json.dumps(spec)], env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, str(HERE), "--child", json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=cwd,
     )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-4000:])
@@ -337,6 +342,11 @@ def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
         def thread_s(self) -> float:
             return time.thread_time()  # the thread Ray runs this actor's calls on: update()'s too
 
+        def otel_tracking_dir(self) -> str:
+            import otel_tracking
+
+            return str(Path(otel_tracking.__file__).parents[1])  # the checkout this actor runs
+
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         worker = ray.remote(Worker).remote()
@@ -345,6 +355,7 @@ def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
             out = paced(lambda i: ray.get(worker.update.remote(i)), spec["rate"], spec["seconds"],
                         lambda: ray.get(worker.cpu_s.remote()), lambda: ray.get(worker.thread_s.remote()))  # fmt: skip
         ray.get(worker.flush.remote())
+        out["otel_tracking"] = ray.get(worker.otel_tracking_dir.remote())
     finally:
         ray.shutdown()
     return out
@@ -381,15 +392,24 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     carrier = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "baggage": "ml.run.id=bench,ml.step=1"}
     out: dict[str, Any] = {}
-    for case, mode_name, modes in (("covered", "cpu_ray", ("off", "sdk", "on")), ("uncovered", "cpu", ("off", "on"))):
+    before = ("before",) if args.before else ()  # the same worker with another checkout's otel_tracking
+    cases = (("covered", "cpu_ray", ("off", "sdk", *before, "on")), ("uncovered", "cpu", ("off", "on")))
+    for case, mode_name, modes in cases:
         env = clean_env(OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"), RANK="0")
         rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         for _ in range(args.cpu_rounds):  # interleaved: the machine's load hits every mode alike
             for mode in modes:
                 with HttpReceiver() as receiver:  # one each: the spans that arrived are that mode's
-                    spec = {"mode": mode_name, "instrumented": mode == "on", "sdk": mode == "sdk",
+                    spec = {"mode": mode_name, "instrumented": mode in ("on", "before"), "sdk": mode == "sdk",
                             "carrier": carrier, "rate": args.rate, "seconds": args.cpu_seconds}  # fmt: skip
-                    one = child(spec, {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+                    path = (
+                        {"PYTHONPATH": os.pathsep.join([args.before, env.get("PYTHONPATH", "")])}
+                        if mode == "before"
+                        else {}
+                    )
+                    # Ray puts the driver's working directory first on its workers' path: that checkout's too
+                    cwd = args.before if mode == "before" else None
+                    one = child(spec, {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **path}, cwd)
                     one["spans_arrived"] = sum(s["name"] == "actor_update" for s in receiver.received.spans())
                     one["trace_requests"] = len(receiver.received.traces)
                 rounds[mode].append(one)
@@ -401,6 +421,8 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "spans_arrived": min(r["spans_arrived"] for r in each),
                 "trace_requests": int(statistics.median(r["trace_requests"] for r in each)),
             }
+            if "otel_tracking" in each[0]:
+                result[mode]["otel_tracking"] = sorted({r["otel_tracking"] for r in each})
             if "call_thread_us_per_call" in each[0]:
                 result[mode]["call_thread_us_per_call"] = statistics.median(r["call_thread_us_per_call"] for r in each)
         result["spans_arrived"] = result["on"]["spans_arrived"]
@@ -412,6 +434,10 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             )
             # what each adds to the same worker, side by side (not the totals: both hold Ray's own)
             result["on_over_sdk"] = result["added_cpu_pct_of_a_core"] / result["sdk_added_cpu_pct_of_a_core"]
+        if "before" in result:
+            result["before_added_cpu_pct_of_a_core"] = 100 * (
+                result["before"]["cpu_per_wall_s"] - result["off"]["cpu_per_wall_s"]
+            )
         out[case] = result
     return out
 
@@ -471,6 +497,16 @@ def render(report: dict[str, Any]) -> str:
                      f"{sdk_spans}, {c['spans_arrived']}", f"{sdk_requests}, {c['trace_requests']}"]  # fmt: skip
             lines.append(f"| {what} | " + " | ".join(cells) + " |")
         covered = report["cpu"]["covered"]
+        if "before" in covered:
+            b = covered["before"]
+            ratio = covered["before_added_cpu_pct_of_a_core"] / covered["sdk_added_cpu_pct_of_a_core"]
+            lines += ["", f"Before (`{report['before']}`, interleaved in the same rounds): "
+                      f"ours {b['cpu_per_wall_s']:.3f}, "
+                      f"added {covered['before_added_cpu_pct_of_a_core']:.1f}% ({ratio:.2f}x the SDK's), "
+                      f"{b['spans_arrived']} spans arrived in {b['trace_requests']} OTLP requests; "
+                      f"call thread {b.get('call_thread_us_per_call', 0):.0f} µs per call; the actor ran "
+                      f"{', '.join(b['otel_tracking'])}, after's "
+                      f"{', '.join(covered['on']['otel_tracking'])}."]  # fmt: skip
         if "call_thread_us_per_call" in covered["off"]:
             per_call = {mode: covered[mode]["call_thread_us_per_call"] for mode in ("off", "sdk", "on")}
             lines += ["", "The covered actor's call thread alone (CPU µs per call, median of rounds; the rest of the "
@@ -496,6 +532,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--cpu-seconds", type=float, default=20.0)
     parser.add_argument("--cpu-rounds", type=int, default=1, help="interleaved rounds of the cpu part (median)")
+    parser.add_argument(
+        "--before", help="cpu part: a checkout whose otel_tracking runs as one more mode (before/after)"
+    )
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--label", default="verl", help="results file: bench/results/<UTC date>-<label>")
     args = parser.parse_args()
@@ -510,6 +549,8 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "load_average": list(os.getloadavg()),
     }
+    if args.before:
+        report["before"] = args.before
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.parts.split(","):
             print(f"-- {name}", file=sys.stderr, flush=True)

@@ -699,3 +699,49 @@ def test_scrubbing_is_linear_in_the_length_of_the_text(unit: str) -> None:
     n = 20_000 // len(unit) + 1
     small, large = cost(n), cost(4 * n)
     assert large / max(small, 1e-6) < 9, (unit, small, large)
+
+
+def test_a_span_like_one_found_clean_is_still_scrubbed_when_anything_differs() -> None:
+    """A worker's spans repeat (phase, lane, step): ``scrubbed_span`` scrubs each such set once and
+    lets the next ones through as they are.  A span that differs in any way from one found clean (a
+    label, a value, its name, an event, a status, an attribute code set on it) is scrubbed again,
+    and a secret in it never passes, however many clean ones came before."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Status, StatusCode
+
+    from otel_tracking.delivery.scrubbing import scrubbed_span
+
+    secret = "Zq" + random_secrets.token_hex(12)
+    tracer = TracerProvider().get_tracer("test")
+
+    def ended(name: str, attributes: dict[str, Any], then: Any = None) -> Any:
+        span = tracer.start_span(name, attributes=attributes)
+        if then is not None:
+            then(span)
+        span.end()
+        return span
+
+    clean = {"ml.lane": "rank_0", "ml.step": 1}
+    for _ in range(3):  # found clean once, then let through untouched
+        span = ended("update_actor", clean)
+        assert scrubbed_span(span) is span
+    differing = [
+        ended("update_actor", {**clean, "ml.label.url": f"https://u:{secret}@host/x"}),
+        ended("update_actor", {"ml.lane": f"rank_0 password={secret}", "ml.step": 1}),
+        ended("update_actor", {**clean, "hfToken": secret}),
+        ended("update_actor", {**clean, "hfToken": 1}),  # a secret key's number
+        ended(f"update_actor https://u:{secret}@host/x", clean),
+        ended("update_actor", clean, lambda s: s.set_attribute("db.url", f"postgresql://u:{secret}@db/x")),
+        ended("update_actor", clean, lambda s: s.add_event("retry", {"request": f"https://h/?access_token={secret}"})),
+        ended("update_actor", clean, lambda s: s.set_status(Status(StatusCode.ERROR, f"Bearer {secret}abcdefgh"))),
+    ]
+    for _ in range(2):  # the first time, and again once each was seen
+        for span in differing:
+            out = scrubbed_span(span)
+            assert out is not span
+            text = json.dumps([out.name, dict(out.attributes or {}), [dict(e.attributes or {}) for e in out.events],
+                               out.status.description])  # fmt: skip
+            assert secret not in text and '"hfToken": 1' not in text, text
+    for _ in range(2):
+        span = ended("update_actor", clean)
+        assert scrubbed_span(span) is span

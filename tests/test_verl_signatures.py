@@ -73,3 +73,104 @@ def test_moved_signatures_reach_verl_untouched_and_ours_by_name(
     (group,) = json.loads(targets.read_text())
     assert group["targets"] == ["127.0.0.1:9000"]
     assert group["labels"]["job"] == "vllm" and group["labels"]["replica"] == "0"
+
+
+def _bound(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What ``inspect.signature(...).bind`` makes of a call, catch-alls merged: what ``_arguments``
+    must give at every call, the first of its shape (bound) and the next ones (planned)."""
+    import inspect
+
+    signature = inspect.signature(function)
+    arguments = dict(signature.bind("cls", *args, **kwargs).arguments)
+    for name, parameter in signature.parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(arguments.pop(name, {}))
+    return arguments
+
+
+def test_arguments_of_a_call_shape_seen_before_are_what_bind_gives() -> None:
+    from otel_tracking.verl.tracking_swap import _arguments
+
+    def verl_091(cls: Any, state_name: str, *, state_lane_id: Any = None, **labels: Any) -> None: ...
+
+    def moved(cls: Any, state_name: str, state_lane_id: Any = None, /, color: str = "", **labels: Any) -> None: ...
+
+    def starred(cls: Any, state_name: str, *rest: Any, **labels: Any) -> None: ...
+
+    calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = [
+        (verl_091, ("update_actor",), {"state_lane_id": "rank_0"}),
+        (verl_091, (), {"state_name": "gen", "state_lane_id": 3, "model": "actor"}),
+        (verl_091, ("gen",), {"step": 2, "state_lane_id": 1}),
+        (moved, ("update_actor", "rank_3"), {"color": "red", "step": 1}),
+        (moved, ("update_actor", "rank_3", "blue"), {}),
+        (starred, ("a", "b", "c"), {"x": 1}),
+    ]
+    for function, args, kwargs in calls:
+        for _ in range(3):  # the first call of a shape binds, the next ones follow its plan
+            assert _arguments(function, "cls", args, dict(kwargs)) == _bound(function, args, kwargs)
+    for _ in range(3):  # a shape verl refuses is refused every time, never planned
+        with pytest.raises(TypeError):
+            _arguments(verl_091, "cls", ("gen", "rank_0"), {})
+        with pytest.raises(TypeError):
+            _arguments(verl_091, "cls", ("gen",), {"state_name": "twice"})
+        with pytest.raises(TypeError):  # bind's rule for a positional-only name given by keyword
+            _arguments(moved, "cls", ("update_actor",), {"state_lane_id": "rank_0"})
+    # the plan is per shape: the same names in another order, or one more, bind again
+    for kwargs in ({"state_lane_id": 1, "model": "m"}, {"model": "m", "state_lane_id": 1}, {"state_lane_id": 1}):
+        assert _arguments(verl_091, "cls", ("gen",), kwargs) == _bound(verl_091, ("gen",), kwargs)
+
+
+def _suppressing_verl(entered: list[str]) -> type:
+    class RLInsightLogger:  # rl_insight enabled: verl's trace_state runs inside ours
+        @classmethod
+        def enabled(cls) -> bool:
+            return True
+
+        @classmethod
+        @contextmanager
+        def trace_state(cls, state_name: str, *, state_lane_id: Any = None, **labels: Any) -> Iterator[None]:
+            if state_name == "refused":
+                raise RuntimeError("verl's own trace_state failed")
+            entered.append(state_name)
+            try:
+                yield
+            except KeyError:  # verl's own swallows this one
+                entered.append("swallowed")
+
+        @classmethod
+        def log(cls, data: dict[str, Any], step: int) -> None: ...
+
+        @classmethod
+        def register_metrics(cls, server_addresses: list[str], labels: Any = None, job_name: Any = None) -> None: ...
+
+    return RLInsightLogger
+
+
+def test_trace_state_keeps_what_a_context_manager_of_verl_does(isolated: Path) -> None:
+    entered: list[str] = []
+    verl = _suppressing_verl(entered)
+    assert patch_rl_insight(verl) == []
+    tracking = Tracking("proj", "exp", default_backend=["file"])
+    with verl.trace_state("fine", state_lane_id="rank_0"):
+        pass
+    with verl.trace_state("swallowed"):  # verl's own suppresses it: so does ours, the span is no error
+        raise KeyError("verl's to swallow")
+    with pytest.raises(ValueError), verl.trace_state("failed"):
+        raise ValueError("the phase failed")
+    with pytest.raises(RuntimeError), verl.trace_state("refused"):
+        pass
+
+    @verl.trace_state("decorated")  # as @contextmanager's could be: a fresh span per call
+    def twice(n: int) -> int:
+        return n if n == 0 else twice(n - 1)
+
+    assert twice(1) == 0
+    tracking.finish()
+
+    assert entered == ["fine", "swallowed", "swallowed", "failed", "decorated", "decorated"]
+    events = [json.loads(line) for line in (isolated / "proj" / "exp.events.jsonl").read_text().splitlines()]
+    spans = {e["name"]: e for e in events if e.get("name") in ("fine", "swallowed", "failed", "refused")}
+    assert [e["name"] for e in events if e.get("name") == "decorated"] == ["decorated", "decorated"]
+    assert spans["fine"]["attributes"]["ml.lane"] == "rank_0"
+    for name, failed in (("fine", False), ("swallowed", False), ("failed", True), ("refused", True)):
+        assert (spans[name]["status"] == "ERROR") is failed, (name, spans[name]["status"])

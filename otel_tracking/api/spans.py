@@ -45,7 +45,7 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from otel_tracking.delivery.scrubbing import scrubbed_attributes
 from otel_tracking.runtime.anatomy import Call, Phase, StepAnatomy
 from otel_tracking.runtime.step_roots import StepRoot
-from otel_tracking.signals.carrier import extract, has_span, with_identity
+from otel_tracking.signals.carrier import extract, has_span
 from otel_tracking.signals.redact import scrub_text
 from otel_tracking.signals.semconv import LABEL_PREFIX
 from otel_tracking.signals.semconv import LANE as LANE_ATTRIBUTE
@@ -95,17 +95,14 @@ class trace_state:
         self._open: list[tuple[Span, object, Any, StepRoot | None, str | None]] = []
 
     def _start(self) -> Span:
-        from otel_tracking.distributed.worker import worker_run
-        from otel_tracking.runtime.run import current_run, refuse_span_after_finish
-
         ctx = otel_context.get_current()
-        run = current_run()
-        if run is None and refuse_span_after_finish(self.state_name):  # no run, and no stray worker run
+        run = _late.current_run()
+        if run is None and _late.refuse_span_after_finish(self.state_name):  # no run, and no stray worker run
             span: Span = trace.INVALID_SPAN
             self._open.append((span, otel_context.attach(trace.set_span_in_context(span, ctx)), None, None, None))
             return span
         if run is None:
-            run = worker_run(ctx)  # this process's worker run (built on first use)
+            run = _late.worker_run(ctx)  # this process's worker run (built on first use)
         attributes = self.attributes
         root = None
         handed_out_by = None  # a lane's phase: the step's anatomy compares the lanes of a phase
@@ -129,7 +126,7 @@ class trace_state:
             run.open_spans[span] = threading.get_ident()
             root = run.step_roots.child_started(span) if run.driver else None
             # The run's identity travels in the baggage: propagate.inject() inside this span carries it.
-            ctx = with_identity(run.identity, attributes.get(STEP_ATTRIBUTE), ctx)
+            ctx = run.with_identity(attributes.get(STEP_ATTRIBUTE), ctx)
         token = otel_context.attach(trace.set_span_in_context(span, ctx))
         # One trace_state object may be entered again while open (recursion, decorator reuse):
         # keep a stack of what it opened.
@@ -202,6 +199,25 @@ class trace_state:
         state.attributes = self.attributes
         state.links = self.links
         return state
+
+
+class _Late:
+    """The run modules, imported on a span's first use rather than with ``otel_tracking`` (whose
+    import stays fast) and then kept, instead of imported again at every span."""
+
+    def __getattr__(self, name: str) -> Any:
+        from otel_tracking.distributed.worker import worker_run
+        from otel_tracking.runtime.run import current_run, refuse_span_after_finish
+
+        self.worker_run, self.current_run, self.refuse_span_after_finish = (
+            worker_run,
+            current_run,
+            refuse_span_after_finish,
+        )
+        return object.__getattribute__(self, name)
+
+
+_late: Any = _Late()
 
 
 def _exception_attributes(exc: BaseException, message: str) -> dict[str, str]:

@@ -17,6 +17,9 @@ Supported: ``opentelemetry-sdk`` (and api, exporter-otlp) from 1.39 up to, not i
 - The OTLP exporters' own retry loop (``one_try_per_export``) and the providers' reading of
   ``OTEL_SDK_DISABLED`` (``enabled_despite_sdk_disabled``): per-instance attributes the SDK has no
   public setting for.
+- A span's attributes as items (``span_attribute_items``): the dict under the SDK's
+  ``BoundedAttributes``, whose public mapping is iterated attribute by attribute in Python; the
+  public mapping when a release has no such dict.
 - The periodic reader's collect hook (``periodic_reader``): the SDK's reader exports what a
   MeterProvider collects; ours reads the latest logged values instead, which a MeterProvider would
   make the hot path pay for, value by value.
@@ -62,7 +65,16 @@ __all__ = [
     "otlp_log_exporter_class",
     "periodic_reader",
     "sdk_gauge_class",
+    "span_attribute_items",
 ]
+
+
+def span_attribute_items(span: Any) -> tuple[tuple[str, Any], ...]:
+    """An ended span's attributes, as a tuple of (key, value) items in their order."""
+    raw = getattr(getattr(span, "_attributes", None), "_dict", None)
+    if type(raw) is dict:
+        return tuple(raw.items())
+    return tuple((span.attributes or {}).items())
 
 
 def sdk_gauge_class() -> type:

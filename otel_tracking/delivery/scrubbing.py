@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import Link, Status
 
-from otel_tracking.compat.otel_sdk import LogRecordProcessor, ReadWriteLogRecord
+from otel_tracking.compat.otel_sdk import LogRecordProcessor, ReadWriteLogRecord, span_attribute_items
 from otel_tracking.signals.redact import REDACTED, is_secret_key, redact, scrub_value
 
 
@@ -57,6 +57,31 @@ _clean_string = functools.lru_cache(maxsize=4096)(_clean)
 
 def scrubbed_span(span: ReadableSpan) -> ReadableSpan:
     """``span``, or a copy of it with its attributes, events, links and status scrubbed."""
+    plain = not span.events and not span.links and not span.status.description
+    if plain:  # nothing but a name and attributes: maybe a set already found clean
+        key = (span.name, span_attribute_items(span))
+        try:
+            if key in _clean_spans:
+                return span
+        except TypeError:  # an unhashable value: scrubbed as any other span
+            plain = False
+    out = _scrubbed_span(span)
+    if plain and out is span:
+        if len(_clean_spans) >= _CLEAN_SPANS_KEPT:
+            _clean_spans.clear()
+        _clean_spans[key] = None
+    return out
+
+
+# The names and attributes of spans found to have nothing to scrub: a worker's spans repeat the same
+# few (phase, lane, step) at every call, scrubbed once each instead of at every span.  Only what
+# was found clean is kept: two sets equal as tuples (1 == 1.0 == True) are either both clean or
+# both scrubbed, since only strings and secret keys' values are ever changed.
+_clean_spans: dict[tuple[str, tuple[tuple[str, Any], ...]], None] = {}
+_CLEAN_SPANS_KEPT = 4096
+
+
+def _scrubbed_span(span: ReadableSpan) -> ReadableSpan:
     attributes = scrubbed_attributes(span.attributes)
     span_events, span_links, status = span.events, span.links, span.status
     name = _scrubbed_name(span.name)  # trace_state(f"download https://user:{pw}@host/...")

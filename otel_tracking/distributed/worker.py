@@ -39,7 +39,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import trace
@@ -85,6 +85,12 @@ def configure_worker(*, role: str | None = None, rank: int | None = None) -> Non
 def default_role(role: str) -> None:
     """A role to use when none was configured (the Ray helpers pass the actor's class name)."""
     _defaults.setdefault("fallback_role", role)
+
+
+def default_role_of(worker: object, role_of: Callable[[object], str]) -> None:
+    """``default_role(role_of(worker))``, worked out only while no role is known (the first wins)."""
+    if "fallback_role" not in _defaults:
+        _defaults.setdefault("fallback_role", role_of(worker))
 
 
 def actor_defaults(actor: object) -> None:

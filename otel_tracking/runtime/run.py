@@ -191,6 +191,7 @@ class Run:
         # immutable): the last (given, result) pair is kept, so that a worker's spans, which start
         # from the same context over and over, do not rebuild the same baggage every time.
         self._worker_parent: tuple[Context, Context] | None = None
+        self._identity_context: tuple[Context, int | None, Context] | None = None
         otlp_sinks = dict(otlp_sinks or {})
         self.periodic_sinks = list(periodic_sinks)  # the OTEL_*_EXPORTER sinks that take gauges each interval
         self.observability_sinks = [*otlp_sinks.values(), *periodic_sinks]
@@ -293,6 +294,16 @@ class Run:
             return ctx
         ctx = self.step_roots.context_for(ctx, self.step_in_progress(), said_step)
         return with_identity(self.identity, self.step_in_progress(ctx), ctx)
+
+    def with_identity(self, step: int | None, ctx: Context) -> Context:
+        """``ctx`` with this run's identity and ``step`` as baggage (``signals/carrier.py``): made once
+        per context and step, as every span of a phase (a worker's call) starts in the same one."""
+        cached = self._identity_context
+        if cached is not None and cached[0] is ctx and cached[1] == step:
+            return cached[2]
+        out = with_identity(self.identity, step, ctx)
+        self._identity_context = (ctx, step, out)  # holds ``ctx``: its id cannot be reused meanwhile
+        return out
 
     # --- the hot path ----------------------------------------------------------------------------
 

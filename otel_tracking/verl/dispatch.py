@@ -24,7 +24,7 @@ import inspect
 from types import ModuleType
 from typing import Any
 
-from otel_tracking.verl.guard import cannot_patch, logger, quietly
+from otel_tracking.verl.guard import cannot_patch, failed, logger, quietly
 from otel_tracking.verl.roles import role_of
 
 CARRIER = "_otel_context"  # the same keyword as otel_tracking.distributed.ray_tracing's
@@ -87,13 +87,28 @@ def _taking_carrier(method: Any, magic: str) -> Any:
     else:
 
         def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            # Every worker-group call: quietly()'s guard written out, no call to it.
             carrier = kwargs.pop(CARRIER, None)
-            token = None if carrier is None else quietly("continuing the caller's trace", _attach, carrier, args)
+            token = None
+            if carrier is not None:
+                try:
+                    token = _attach(carrier, args)
+                except Exception as exc:
+                    failed("continuing the caller's trace", exc)
             try:
                 return method(*args, **kwargs)
             finally:
-                quietly("continuing the caller's trace", _detach, token)
-                quietly("sending the call's spans", _at_call_end)
+                if token is not None:
+                    try:
+                        _late.detach(token)
+                    except Exception as exc:
+                        failed("continuing the caller's trace", exc)
+                try:  # Ray ends a worker with _exit a few ms after its driver lets go (distributed/worker.py
+                    # says why): what a call recorded leaves before the call returns, unless its caller
+                    # will ask for it (drain.py).
+                    _late.at_call_end()
+                except Exception as exc:
+                    failed("sending the call's spans", exc)
 
         wrapper = sync_wrapper
     functools.update_wrapper(wrapper, method)
@@ -110,22 +125,28 @@ def _with_carrier(signature: inspect.Signature) -> inspect.Signature:
 
 
 def _attach(carrier: Any, args: tuple[Any, ...]) -> Any:
-    from opentelemetry import context
-
-    from otel_tracking.distributed.worker import default_role
-    from otel_tracking.verl.carriers import context_of
-
     if args:
-        default_role(role_of(args[0]))
-    return context.attach(context_of(carrier))
+        _late.default_role_of(args[0], role_of)
+    return _late.attach(_late.context_of(carrier))
 
 
-def _at_call_end() -> None:
-    # Ray ends a worker with _exit a few ms after its driver lets go (distributed/worker.py says why): what a
-    # call recorded leaves before the call returns, unless its caller will ask for it (drain.py).
-    from otel_tracking.distributed.drain import at_call_end
+class _Late:
+    """What every call needs from modules this one does not import at load (``import verl`` stays
+    fast), imported once on first use instead of at every call."""
 
-    at_call_end()
+    def __getattr__(self, name: str) -> Any:
+        from opentelemetry import context
+
+        from otel_tracking.distributed.drain import at_call_end
+        from otel_tracking.distributed.worker import default_role_of
+        from otel_tracking.verl.carriers import context_of
+
+        self.attach, self.detach, self.context_of = context.attach, context.detach, context_of
+        self.default_role_of, self.at_call_end = default_role_of, at_call_end
+        return object.__getattribute__(self, name)
+
+
+_late: Any = _Late()
 
 
 async def _at_call_end_async() -> None:

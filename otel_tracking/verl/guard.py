@@ -24,14 +24,17 @@ def quietly(where: str, func: Callable[..., T], *args: Any, default: Any = None)
     try:
         return func(*args)
     except Exception as exc:
-        with _lock:
-            first = where not in _reported
-            _reported.add(where)
-        if first:  # once per place: a wrapper on a hot path must not flood the log
-            logger.warning(
-                "otel-tracking: %s failed (%s: %s); verl continues without it", where, type(exc).__name__, exc
-            )
+        failed(where, exc)
         return default
+
+
+def failed(where: str, exc: Exception) -> None:
+    """What ``quietly`` does with an exception, for a hot path that catches its own."""
+    with _lock:
+        first = where not in _reported
+        _reported.add(where)
+    if first:  # once per place: a wrapper on a hot path must not flood the log
+        logger.warning("otel-tracking: %s failed (%s: %s); verl continues without it", where, type(exc).__name__, exc)
 
 
 def cannot_patch(module: str, names: Iterable[str], why: str = "not found") -> None:

@@ -23,8 +23,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ContextDecorator
 from types import ModuleType
 from typing import Any
 
@@ -92,16 +91,29 @@ def _verl_enabled(cls: Any) -> bool:
 
 
 def _open_span(state_name: Any, state_lane_id: Any, labels: dict[str, Any]) -> Any:
-    from otel_tracking.api.spans import trace_state
-    from otel_tracking.distributed.worker import default_role
-    from otel_tracking.verl.hops import hop_labels
-
     if isinstance(state_lane_id, str) and state_lane_id.startswith("replica_"):
-        default_role("rollout")  # the vLLM / SGLang servers' lanes
+        _late.default_role("rollout")  # the vLLM / SGLang servers' lanes
     # Inside a rollout server's hop: the link and the weight version (hops.py).
-    state = trace_state(str(state_name), state_lane_id=state_lane_id, **labels, **hop_labels())
+    hop = _late.hop_labels()
+    state = _late.trace_state(str(state_name), state_lane_id=state_lane_id, **labels, **hop)
     state.__enter__()
     return state
+
+
+class _Late:
+    """What every span needs from modules this one must not import at load (``import verl`` stays
+    fast), imported once on first use instead of at every call."""
+
+    def __getattr__(self, name: str) -> Any:
+        from otel_tracking.api.spans import trace_state
+        from otel_tracking.distributed.worker import default_role
+        from otel_tracking.verl.hops import hop_labels
+
+        self.trace_state, self.default_role, self.hop_labels = trace_state, default_role, hop_labels
+        return object.__getattribute__(self, name)
+
+
+_late: Any = _Late()
 
 
 def _close_span(state: Any, exc: BaseException | None) -> None:
@@ -113,20 +125,52 @@ def _arguments(verl_function: Any, cls: Any, args: tuple[Any, ...], kwargs: dict
     """The call's arguments by the names of verl's own signature (whatever their order, whichever
     are positional, whatever a newer verl added), keyword catch-alls merged in; ``TypeError``
     when verl itself would refuse the call (then verl is called as it is and raises its own)."""
-    signature, catch_alls = _signature(verl_function)
-    arguments = dict(signature.bind(cls, *args, **kwargs).arguments)
-    for name in catch_alls:
-        arguments.update(arguments.pop(name, {}))
+    signature, catch_alls, plans = _signature(verl_function)
+    shape = (len(args), tuple(kwargs))
+    plan = plans.get(shape, _UNSEEN)
+    if plan is _UNSEEN or plan is None:
+        arguments = dict(signature.bind(cls, *args, **kwargs).arguments)
+        for name in catch_alls:
+            arguments.update(arguments.pop(name, {}))
+        if plan is _UNSEEN and len(plans) < _PLANS_KEPT:  # this shape binds: how, once
+            plans[shape] = _plan(signature, len(args))
+        return arguments
+    positional, first = plan
+    arguments = {first: cls}
+    arguments.update(zip(positional, args, strict=True))
+    arguments.update(kwargs)
     return arguments
 
 
+_UNSEEN = object()
+_PLANS_KEPT = 32  # call shapes per verl function (a handful in practice)
+
+
+def _plan(signature: inspect.Signature, n_args: int) -> tuple[tuple[str, ...], str] | None:
+    """Where a call of this shape binds, when that depends on the shape alone: the names its
+    positional arguments take (after ``cls``) and ``cls``'s own.  Keywords then keep their names,
+    to a named parameter or the ``**`` catch-all (merged in anyway).  None (bind every call) when a
+    ``*args`` could take positional ones."""
+    parameters = list(signature.parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters) or not parameters:
+        return None
+    by_position = [p.name for p in parameters if p.kind in _POSITIONAL]
+    if len(by_position) < n_args + 1:
+        return None
+    return tuple(by_position[1 : n_args + 1]), by_position[0]
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
 @functools.lru_cache(maxsize=64)
-def _signature(verl_function: Any) -> tuple[inspect.Signature, tuple[str, ...]]:
-    """verl's signature and its ``**kwargs`` names, read once per function: ``inspect.signature``
-    at every call was most of ``_arguments``' cost (bench/results/2026-12-03-verl-cpu.md)."""
+def _signature(verl_function: Any) -> tuple[inspect.Signature, tuple[str, ...], dict[Any, Any]]:
+    """verl's signature, its ``**kwargs`` names and the call shapes already bound (``_plan``), read
+    once per function: ``inspect.signature`` and ``bind`` at every call were most of
+    ``_arguments``' cost (bench/results/2026-12-03-verl-cpu.md)."""
     signature = inspect.signature(verl_function)
     kinds = signature.parameters.items()
-    return signature, tuple(name for name, p in kinds if p.kind is inspect.Parameter.VAR_KEYWORD)
+    return signature, tuple(name for name, p in kinds if p.kind is inspect.Parameter.VAR_KEYWORD), {}
 
 
 def _trace_state(verl_trace_state: Any) -> Any:
@@ -141,20 +185,52 @@ def _trace_state(verl_trace_state: Any) -> Any:
         lane = arguments.pop("state_lane_id", None)
         return _open_span(state_name, lane, arguments)  # what else it was given: labels
 
-    @contextmanager
-    def trace_state(cls: Any, *args: Any, **kwargs: Any) -> Iterator[None]:
-        # verl's arguments go to verl untouched; the span takes what it understands of them
-        state = quietly("trace_state span", open_span, cls, args, kwargs)
-        try:
-            if _verl_enabled(cls):  # rl_insight gets it too
-                with verl_function(cls, *args, **kwargs):
-                    yield
-            else:
-                yield
-        except BaseException as exc:
+    class _TraceState(ContextDecorator):
+        """What ``@contextmanager`` made of the function this replaces, with plain ``__enter__`` and
+        ``__exit__`` (every DistProfiler call goes through it): the span around the block, verl's own
+        ``trace_state`` inside it when rl_insight is enabled, an exception verl's suppresses ends
+        the span as a success."""
+
+        __slots__ = ("_call", "_state", "_verl")
+
+        def __init__(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self._call = (cls, args, kwargs)
+            self._verl: Any = None
+
+        def _recreate_cm(self) -> Any:  # as a decorator: a fresh one for every call
+            return _TraceState(*self._call)
+
+        def __enter__(self) -> None:
+            cls, args, kwargs = self._call
+            # verl's arguments go to verl untouched; the span takes what it understands of them
+            state = self._state = quietly("trace_state span", open_span, cls, args, kwargs)
+            try:
+                if _verl_enabled(cls):  # rl_insight gets it too
+                    verl = verl_function(cls, *args, **kwargs)
+                    verl.__enter__()
+                    self._verl = verl
+            except BaseException as exc:
+                quietly("trace_state span", _close_span, state, exc)
+                raise
+
+        def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+            state, verl = self._state, self._verl
+            if exc_type is not None and exc is None:
+                exc = exc_type()
+            if verl is not None:
+                self._verl = None
+                try:
+                    suppressed = verl.__exit__(exc_type, exc, tb)
+                except BaseException as raised:
+                    quietly("trace_state span", _close_span, state, raised)
+                    raise
+                if suppressed:
+                    exc = None
             quietly("trace_state span", _close_span, state, exc)
-            raise
-        quietly("trace_state span", _close_span, state, None)
+            return exc is None and exc_type is not None
+
+    def trace_state(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        return _TraceState(cls, args, kwargs)
 
     trace_state.__doc__ = verl_function.__doc__
     trace_state.__wrapped_by_otel_tracking__ = True  # type: ignore[attr-defined]
