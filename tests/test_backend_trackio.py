@@ -483,7 +483,7 @@ def test_without_a_private_name_run_log_writes_every_row_with_one_warning(
     from otel_tracking.exporters._base import TrackerContext
     from otel_tracking.exporters.trackio import TrackioSession
 
-    monkeypatch.setattr(trackio_internals, "_said", set())
+    monkeypatch.setattr(trackio_internals._say, "said", set())
     # A release without one of the names (taking a real one away from Trackio breaks Trackio itself)
     monkeypatch.setattr(trackio_internals, "ROWS", (*trackio_internals.ROWS, "_renamed_by_a_release"))
     session = TrackioSession(TrackerContext(project=trackio_env, experiment="moved", env=os.environ))

@@ -117,7 +117,7 @@ def test_without_a_private_name_every_step_goes_through_run_log_with_one_warning
     from otel_tracking.exporters.swanlab import SwanLabSession
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(swanlab_internals, "_said", set())
+    monkeypatch.setattr(swanlab_internals._say, "said", set())
     monkeypatch.delattr(bus, "MetricLogEvent")  # a release that moved it
     env = {"SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")}
     session = SwanLabSession(TrackerContext(project="p", experiment="moved", env=env))

@@ -20,7 +20,7 @@ def record_writer(monkeypatch: pytest.MonkeyPatch) -> object:
     from tensorboard.summary.writer import record_writer
 
     monkeypatch.setattr(record_writer, "masked_crc32c", record_writer.masked_crc32c)
-    monkeypatch.setattr(tensorboard_internals, "_said", set())
+    monkeypatch.setattr(tensorboard_internals._say, "said", set())
     return record_writer
 
 

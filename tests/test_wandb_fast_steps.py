@@ -223,7 +223,7 @@ def test_the_pinned_wandb_has_every_private_name_and_the_direct_path_says_so(
 
     from otel_tracking.compat import wandb_internals
 
-    monkeypatch.setattr(wandb_internals, "_said", set())
+    monkeypatch.setattr(wandb_internals._say, "said", set())
     caplog.set_level(logging.DEBUG, logger="otel_tracking.wandb")
     assert wandb_internals.tested_version(wandb), wandb.__version__
     session = _session(fresh_wandb, "probe", direct=True)
@@ -247,7 +247,7 @@ def test_a_private_name_that_moved_is_said_once_and_run_log_writes_every_step(
     sock = "wandb.sdk.interface.interface_sock.InterfaceSock"
     names = {**wandb_internals.PRIVATE_NAMES, sock: (*wandb_internals.PRIVATE_NAMES[sock], "_renamed_later")}
     monkeypatch.setattr(wandb_internals, "PRIVATE_NAMES", names)
-    monkeypatch.setattr(wandb_internals, "_said", set())
+    monkeypatch.setattr(wandb_internals._say, "said", set())
     caplog.set_level(logging.DEBUG, logger="otel_tracking.wandb")
     for run in ("moved-1", "moved-2"):
         (fresh_wandb / run).mkdir()

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import importlib
 import logging
-import threading
 from collections.abc import Mapping
 from typing import Any
 
+from otel_tracking.compat._said import SaidOnce, tested_release
+
 logger = logging.getLogger("otel_tracking.swanlab")
+_say = SaidOnce(
+    logger, "otel-tracking: SwanLab steps: %s", "otel-tracking: SwanLab's %s; every step goes through run.log"
+)
 
 # The SwanLab releases whose run.log this was checked against (tests/test_swanlab_steps.py).
 TESTED_RELEASES = ((0, 10),)
@@ -33,28 +37,10 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
 }
 
 _NUMBERS = (float, int, bool)
-_said_lock = threading.Lock()
-_said: set[str] = set()
-
-
-def _say(reason: str, moved: bool = False) -> None:
-    with _said_lock:
-        if reason in _said:
-            return
-        _said.add(reason)
-    if moved:
-        logger.warning("otel-tracking: SwanLab's %s; every step goes through run.log", reason)
-    else:
-        logger.debug("otel-tracking: SwanLab steps: %s", reason)
 
 
 def tested_version(swanlab: Any) -> bool:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(str(swanlab.__version__)).release[:2] in TESTED_RELEASES
-    except (AttributeError, InvalidVersion):
-        return False
+    return tested_release(swanlab, TESTED_RELEASES)
 
 
 def _holds(holder: Any, dotted: str) -> bool:

@@ -14,38 +14,25 @@ contract with the pinned TensorBoard.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
+from otel_tracking.compat._said import SaidOnce, tested_release
+
 logger = logging.getLogger("otel_tracking.tensorboard")
+_say = SaidOnce(
+    logger,
+    "otel-tracking: TensorBoard checksums: %s",
+    "otel-tracking: TensorBoard's %s; its own (pure-Python) checksum stays",
+)
 
 # The TensorBoard releases whose record writer this was checked against.
 TESTED_RELEASES = ((2, 21),)
 
 PRIVATE_NAMES: dict[str, tuple[str, ...]] = {"tensorboard.summary.writer.record_writer": ("masked_crc32c",)}
 
-_said_lock = threading.Lock()
-_said: set[str] = set()
-
-
-def _say(reason: str, moved: bool = False) -> None:
-    with _said_lock:
-        if reason in _said:
-            return
-        _said.add(reason)
-    if moved:
-        logger.warning("otel-tracking: TensorBoard's %s; its own (pure-Python) checksum stays", reason)
-    else:
-        logger.debug("otel-tracking: TensorBoard checksums: %s", reason)
-
 
 def tested_version(tensorboard: Any) -> bool:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(str(tensorboard.__version__)).release[:2] in TESTED_RELEASES
-    except (AttributeError, InvalidVersion):
-        return False
+    return tested_release(tensorboard, TESTED_RELEASES)
 
 
 def masked_crc32c(data: bytes) -> int:

@@ -22,7 +22,10 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from otel_tracking.compat._said import SaidOnce, tested_release
+
 logger = logging.getLogger("otel_tracking.trackio")
+_say = SaidOnce(logger, "otel-tracking: Trackio rows: %s", "otel-tracking: Trackio's %s; run.log does every step")
 
 # The Trackio releases whose run.log and sqlite writer this was checked against.
 TESTED_RELEASES = ((0, 43),)
@@ -39,28 +42,9 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "trackio.utils": ("RESERVED_KEYS", "to_json_safe"),
 }
 
-_said_lock = threading.Lock()
-_said: set[str] = set()
-
-
-def _say(reason: str, moved: bool = False) -> None:
-    with _said_lock:
-        if reason in _said:
-            return
-        _said.add(reason)
-    if moved:
-        logger.warning("otel-tracking: Trackio's %s; run.log does every step", reason)
-    else:
-        logger.debug("otel-tracking: Trackio rows: %s", reason)
-
 
 def tested_version(trackio: Any) -> bool:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(str(trackio.__version__)).release[:2] in TESTED_RELEASES
-    except (AttributeError, InvalidVersion):
-        return False
+    return tested_release(trackio, TESTED_RELEASES)
 
 
 def missing(run: Any, names: tuple[str, ...]) -> list[str]:

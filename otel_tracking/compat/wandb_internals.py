@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from otel_tracking.compat._said import SaidOnce, tested_release
+
 logger = logging.getLogger("otel_tracking.wandb")
+_say = SaidOnce(logger, "otel-tracking: wandb steps: %s", "otel-tracking: wandb's %s; every step goes through run.log")
 
 # The wandb releases whose run.log this was checked against (tests/test_wandb_fast_steps.py): with
 # another one, run.log does the work until the test has been run against it.
@@ -44,29 +46,9 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "wandb.proto.wandb_server_pb2": ("ServerRequest",),
 }
 
-_said_lock = threading.Lock()
-_said: set[str] = set()  # the reasons said in this process (each once)
-
 
 def tested_version(module: Any) -> bool:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(str(module.__version__)).release[:2] in TESTED_RELEASES
-    except (AttributeError, InvalidVersion):
-        return False
-
-
-def _say(reason: str, moved: bool = False) -> None:
-    """Once per process and reason: at debug, or as a warning when a tested release lacks a name."""
-    with _said_lock:
-        if reason in _said:
-            return
-        _said.add(reason)
-    if moved:
-        logger.warning("otel-tracking: wandb's %s; every step goes through run.log", reason)
-    else:
-        logger.debug("otel-tracking: wandb steps: %s", reason)
+    return tested_release(module, TESTED_RELEASES)
 
 
 def missing(run: Any, interface: Any) -> list[str]:
