@@ -357,6 +357,7 @@ def test_a_destination_with_credentials_is_not_kept_and_replay_asks_for_it(isola
     )
 
 
+@pytest.mark.backend  # MLflow: not in the floor venv, which has no tracker extras
 def test_replay_goes_through_the_sinks_queue_in_bulk_and_retries_there(
     isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
