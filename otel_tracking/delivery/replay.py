@@ -363,10 +363,11 @@ def _settle_all(queue: SinkQueue) -> None:
 def replay_file(
     path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | None = None, interrupt: Interrupt = _NEVER
 ) -> dict[str, int]:
-    """Deliver one spool file into its sink, record by record (never loading the file whole),
-    from where an earlier replay of it stopped.  A damaged record is skipped and named (file and
-    byte offset); what the sink refuses is kept for the next replay; a file another process still
-    writes is left alone; ``interrupt`` stops it between two records."""
+    """Deliver one spool file into its sink through the sink's queue, in order (streamed, never
+    loading the file whole), from where an earlier replay of it stopped.  A damaged record is
+    skipped and named (file and byte offset); what the sink refuses is kept for the next replay; a
+    file another process still writes is left alone; ``interrupt`` stops it once the records on
+    their way are settled."""
     with open(path, "rb") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
