@@ -71,7 +71,8 @@ def probe(run: Any, log: logging.Logger) -> tuple[bool, bool]:
         _say(f"release {release} lacks {', '.join(lacking)}", moved=True)
         return False, False
     _say("rows of plain numbers queued as run.log would, each row written with its own time")
-    return keep_row_times(run, log), True
+    keep_row_times(run, log)
+    return True, True
 
 
 # Trackio's local run (0.40-0.43) writes each batch of queued rows with the time its sender thread
@@ -80,10 +81,8 @@ def probe(run: Any, log: logging.Logger) -> tuple[bool, bool]:
 # the same.  Another Trackio (no such internals) writes rows as it always did.
 
 
-def keep_row_times(run: Any, log: logging.Logger) -> bool:
-    """Make ``run`` write each queued row with its own ``timestamp``; False if this Trackio cannot."""
-    if missing(run, ROW_TIMES):
-        return False
+def keep_row_times(run: Any, log: logging.Logger) -> None:
+    """Make ``run`` write each queued row with its own ``timestamp`` (:func:`probe` found the names)."""
     from trackio.sqlite_storage import SQLiteStorage
 
     original = run._write_logs_to_sqlite
@@ -115,7 +114,6 @@ def keep_row_times(run: Any, log: logging.Logger) -> bool:
                 log.warning("trackio failed to write %d rows of run %r: %s", len(entries), name, error)
 
     run._write_logs_to_sqlite = write_with_row_times
-    return True
 
 
 def stamp_last_row(run: Any, stamp: str) -> None:
