@@ -707,15 +707,16 @@ def test_a_span_like_one_found_clean_is_still_scrubbed_when_anything_differs() -
     label, a value, its name, an event, a status, an attribute code set on it) is scrubbed again,
     and a secret in it never passes, however many clean ones came before."""
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.trace import Status, StatusCode
+    from opentelemetry.trace import Link, SpanContext, Status, StatusCode
 
     from otel_tracking.delivery.scrubbing import scrubbed_span
 
     secret = "Zq" + random_secrets.token_hex(12)
     tracer = TracerProvider().get_tracer("test")
+    linked = SpanContext(trace_id=7, span_id=9, is_remote=True)
 
-    def ended(name: str, attributes: dict[str, Any], then: Any = None) -> Any:
-        span = tracer.start_span(name, attributes=attributes)
+    def ended(name: str, attributes: dict[str, Any], then: Any = None, links: Any = ()) -> Any:
+        span = tracer.start_span(name, attributes=attributes, links=links)
         if then is not None:
             then(span)
         span.end()
@@ -734,13 +735,15 @@ def test_a_span_like_one_found_clean_is_still_scrubbed_when_anything_differs() -
         ended("update_actor", clean, lambda s: s.set_attribute("db.url", f"postgresql://u:{secret}@db/x")),
         ended("update_actor", clean, lambda s: s.add_event("retry", {"request": f"https://h/?access_token={secret}"})),
         ended("update_actor", clean, lambda s: s.set_status(Status(StatusCode.ERROR, f"Bearer {secret}abcdefgh"))),
+        ended("update_actor", clean, links=[Link(linked, {"from": f"https://u:{secret}@host/x"})]),
     ]
     for _ in range(2):  # the first time, and again once each was seen
         for span in differing:
             out = scrubbed_span(span)
             assert out is not span
-            text = json.dumps([out.name, dict(out.attributes or {}), [dict(e.attributes or {}) for e in out.events],
-                               out.status.description])  # fmt: skip
+            shown = [dict(out.attributes or {}), [dict(e.attributes or {}) for e in out.events],
+                     [dict(link.attributes or {}) for link in out.links]]  # fmt: skip
+            text = json.dumps([out.name, *shown, out.status.description])
             assert secret not in text and '"hfToken": 1' not in text, text
     for _ in range(2):
         span = ended("update_actor", clean)

@@ -248,6 +248,33 @@ def test_the_resource_is_what_any_otel_app_has_plus_the_run_identity(isolated, m
     assert "api_key" not in attributes and "s3cret" not in repr(attributes)
 
 
+def test_a_runs_resource_is_hashed_once_however_many_spans_are_encoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OTLP encoders group every span by ``hash(resource)``, which the SDK works out by dumping
+    the attributes to JSON: a run's resource does it once, and still hashes and compares as the
+    SDK's resource with the same attributes does (one resource in the request)."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_tracking.config.resource import build_resource
+
+    resource = build_resource(build_settings("proj", "exp", ()))
+    same = Resource(dict(resource.attributes), resource.schema_url)
+    assert hash(resource) == hash(same) and resource == same
+    tracer = TracerProvider(resource=resource).get_tracer("test")
+    spans = []
+    for i in range(100):
+        span = tracer.start_span(f"phase{i % 3}")
+        span.end()
+        spans.append(span)
+    dumps = []
+    sdk_hash = Resource.__hash__
+    monkeypatch.setattr(Resource, "__hash__", lambda self: dumps.append(1) or sdk_hash(self))
+    encoded = encode_spans(spans)
+    assert len(encoded.resource_spans) == 1 and len(encoded.resource_spans[0].scope_spans[0].spans) == 100
+    assert len(dumps) <= 1, len(dumps)
+
+
 # Every numeric variable the runtime reads (settings.py), and those of the SDK's OTLP exporters
 # that the configuration reference lists.
 NUMERIC_VARIABLES = [

@@ -19,7 +19,9 @@ Supported: ``opentelemetry-sdk`` (and api, exporter-otlp) from 1.39 up to, not i
   public setting for.
 - A span's attributes as items (``span_attribute_items``): the dict under the SDK's
   ``BoundedAttributes``, whose public mapping is iterated attribute by attribute in Python; the
-  public mapping when a release has no such dict.
+  public mapping when a release has no such dict.  Whether a span has events or links
+  (``span_has_events_or_links``): the SDK's ``BoundedList`` under ``events`` and ``links``, whose
+  public properties copy each list under its lock into a new tuple at every read.
 - The periodic reader's collect hook (``periodic_reader``): the SDK's reader exports what a
   MeterProvider collects; ours reads the latest logged values instead, which a MeterProvider would
   make the hot path pay for, value by value.
@@ -66,6 +68,7 @@ __all__ = [
     "periodic_reader",
     "sdk_gauge_class",
     "span_attribute_items",
+    "span_has_events_or_links",
 ]
 
 
@@ -75,6 +78,15 @@ def span_attribute_items(span: Any) -> tuple[tuple[str, Any], ...]:
     if type(raw) is dict:
         return tuple(raw.items())
     return tuple((span.attributes or {}).items())
+
+
+def span_has_events_or_links(span: Any) -> bool:
+    """Whether an ended span has an event or a link (without copying them, as ``span.events`` and
+    ``span.links`` do)."""
+    events, links = getattr(span, "_events", None), getattr(span, "_links", None)
+    if events is None or links is None:
+        return bool(span.events or span.links)
+    return bool(len(events) or len(links))
 
 
 def sdk_gauge_class() -> type:

@@ -35,4 +35,18 @@ def build_resource(settings: Settings) -> Resource:
         attributes[semconv.ROLE] = settings.role
     created = Resource.create(attributes)
     kept = {k: redact(v) for k, v in created.attributes.items() if not is_secret_key(k)}
-    return Resource(kept, created.schema_url)
+    return RunResource(kept, created.schema_url)
+
+
+class RunResource(Resource):
+    """A Resource that works its hash out once.  The OTLP encoders group every span, log record
+    and metric by ``hash(resource)``, and the SDK's hash dumps the attributes to JSON each time: a
+    third of the cost of encoding a span (bench/results/2026-12-04-verl-cpu-2.md).  A run's
+    resource never changes after it is built, so its hash cannot either."""
+
+    _hash: int | None = None
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = super().__hash__()
+        return self._hash

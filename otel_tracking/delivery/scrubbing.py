@@ -19,7 +19,12 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import Link, Status
 
-from otel_tracking.compat.otel_sdk import LogRecordProcessor, ReadWriteLogRecord, span_attribute_items
+from otel_tracking.compat.otel_sdk import (
+    LogRecordProcessor,
+    ReadWriteLogRecord,
+    span_attribute_items,
+    span_has_events_or_links,
+)
 from otel_tracking.signals.redact import REDACTED, is_secret_key, redact, scrub_value
 
 
@@ -57,7 +62,7 @@ _clean_string = functools.lru_cache(maxsize=4096)(_clean)
 
 def scrubbed_span(span: ReadableSpan) -> ReadableSpan:
     """``span``, or a copy of it with its attributes, events, links and status scrubbed."""
-    plain = not span.events and not span.links and not span.status.description
+    plain = not span_has_events_or_links(span) and not span.status.description
     if plain:  # nothing but a name and attributes: maybe a set already found clean
         key = (span.name, span_attribute_items(span))
         try:

@@ -16,8 +16,9 @@ from otel_tracking.signals.carrier import extract_env, identity_from
 
 WORKER_EXPORT_INTERVAL_S = 0.1  # a worker run's default OTEL_BSP_SCHEDULE_DELAY
 # ... once its caller covers it (drain.py asks for its spans before Ray ends it): fewer, larger
-# exports, as the SDK's BatchSpanProcessor makes (bench/results/2026-12-03-verl-cpu.md).
-COVERED_EXPORT_INTERVAL_S = 1.0
+# exports, as the SDK's batch processors make (OTEL_BSP_SCHEDULE_DELAY's and OTEL_BLRP_SCHEDULE_DELAY's
+# default, 5 s; a full export of 512 leaves at once): bench/results/2026-12-04-verl-cpu-2.md.
+COVERED_EXPORT_INTERVAL_S = 5.0
 
 
 def build_worker_settings(
