@@ -21,6 +21,10 @@ Parts (each instrumented run beside the same thing uninstrumented, in a process 
           driver covers (``distributed/drain.py``: calls return at once), also beside the plain
           OTel SDK alone in that actor (``BatchSpanProcessor`` + OTLP/HTTP, same endpoint), and the
           method called in a process nobody covers (each call's end waits until its spans have left).
+  span    the same annotated method in one process, covered, at full speed: CPU µs of the calling
+          thread per call, and CPU µs of the process per span while its held spans are exported
+          (a flush), best of 7 repeats of 2000 calls; off, the plain SDK alone, ours (and
+          --before).  Steadier than ``cpu`` (no Ray, no pacing), so a few µs show.
 
 Results: bench/results/<UTC date>-<label>.json and .md (label ``verl`` unless --label), with the
 machine's load average at the start.
@@ -361,6 +365,94 @@ def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def child_span(spec: dict[str, Any]) -> dict[str, Any]:
+    """The span path alone, in this process: a covered worker's annotated method called 2000 times
+    in a row while its spans are held, then the held spans exported (the SDK alone: its
+    ``BatchSpanProcessor`` with a long delay, then ``force_flush``), best of ``repeats``."""
+    mode = spec["mode_name"]
+    if mode in ("on", "before"):
+        from otel_tracking.verl import install
+
+        install("bench")
+    from verl.single_controller.base.decorator import Dispatch, register
+    from verl.utils.profiler import DistProfiler
+
+    tracer: Any = None
+    flush: Any = lambda: None  # noqa: E731
+    if mode == "sdk":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), max_queue_size=100_000,
+                                                       schedule_delay_millis=1e9))  # fmt: skip
+        tracer = provider.get_tracer("bench")
+        flush = provider.force_flush
+
+    class Worker:
+        def __init__(self) -> None:
+            self.rank = 0
+            self.profiler = DistProfiler(rank=0)
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        @DistProfiler.annotate(role="actor_update")
+        def update(self, x: int) -> int:
+            if tracer is not None:
+                with tracer.start_as_current_span("actor_update", attributes={"ml.rank": 0}):
+                    return x
+            return x
+
+    worker = Worker()
+    kwargs = {"_otel_context": spec["carrier"]} if mode in ("on", "before") else {}
+    worker.update(-1, **kwargs)  # its worker run built
+    if kwargs:
+        from otel_tracking.distributed import drain
+        from otel_tracking.runtime.run import current_run
+
+        drain._become_covered(None)  # what the caller's first call does (drain.remember)
+        run = current_run()
+        assert run is not None
+        for sink in run.all_sinks:
+            if sink.queue is not None:
+                sink.queue.hold_for(1e9)  # held until the flush, as the SDK's are
+        flush = lambda: run.flush(60.0)  # noqa: E731
+    flush()
+    n, calls, exports = spec["n"], [], []
+    for _ in range(spec["repeats"]):
+        start = time.thread_time()
+        for i in range(n):
+            worker.update(i, **kwargs)
+        calls.append(1e6 * (time.thread_time() - start) / n)
+        start = _own_cpu()
+        flush()
+        exports.append(1e6 * (_own_cpu() - start) / n)
+    import otel_tracking
+
+    where = str(Path(otel_tracking.__file__).parents[1])  # the checkout this child ran
+    return {"call_us": min(calls), "export_us": min(exports), "otel_tracking": where}
+
+
+def part_span(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO))
+    from tests.otlp_receiver import HttpReceiver
+
+    carrier = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "baggage": "ml.run.id=bench,ml.step=1"}
+    modes = ("off", "sdk", *(("before",) if args.before else ()), "on")
+    out: dict[str, Any] = {}
+    for mode in modes:
+        with HttpReceiver() as receiver:
+            env = clean_env(OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"), RANK="0",
+                            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)  # fmt: skip
+            # this checkout's otel_tracking (or --before's), not one installed in the venv
+            checkout = args.before if mode == "before" else str(REPO)
+            env["PYTHONPATH"] = os.pathsep.join([checkout, env.get("PYTHONPATH", "")])
+            spec = {"mode": "span", "mode_name": mode, "carrier": carrier, "n": 2000, "repeats": 7}
+            out[mode] = child(spec, env, args.before if mode == "before" else None)
+            out[mode]["spans_arrived"] = sum(s["name"] == "actor_update" for s in receiver.received.spans())
+    return out
+
+
 def _own_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -468,6 +560,19 @@ def render(report: dict[str, Any]) -> str:
             cells = f"{ours:.1f} | {theirs:.1f} | {ours - theirs:.1f}"
             lines.append(f"| `ActorHandle._actor_method_call`, {what} | {cells} |")
         lines.append("")
+    if "span" in report:
+        sp = report["span"]
+        off = sp["off"]["call_us"]
+        lines += ["## The span path alone, one process, covered (CPU µs, best of 7 repeats of 2000 calls)", "",
+                  "| mode | call thread per call | added to the call | export, per span | added in all | "
+                  "spans arrived |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for mode, one in sp.items():
+            added = one["call_us"] - off
+            lines.append(f"| {mode} | {one['call_us']:.1f} | {added:.1f} | {one['export_us']:.1f} | "
+                         f"{added + one['export_us']:.1f} | {one['spans_arrived']} |")  # fmt: skip
+        ran = ", ".join(f"{mode} {sp[mode]['otel_tracking']}" for mode in ("before", "on") if mode in sp)
+        lines += ["", f"The checkouts the children imported: {ran}.", ""]
     if "import" in report:
         i = report["import"]["median_ms"]
         lines += [
@@ -522,7 +627,7 @@ def render(report: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--parts", default="micro,import,cpu,calls")
+    parser.add_argument("--parts", default="micro,import,cpu,calls,span")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved off/on rounds of the calls part")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--calls20", type=int, default=60)
@@ -533,17 +638,18 @@ def main() -> int:
     parser.add_argument("--cpu-seconds", type=float, default=20.0)
     parser.add_argument("--cpu-rounds", type=int, default=1, help="interleaved rounds of the cpu part (median)")
     parser.add_argument(
-        "--before", help="cpu part: a checkout whose otel_tracking runs as one more mode (before/after)"
+        "--before", help="cpu and span parts: a checkout whose otel_tracking runs as one more mode (before/after)"
     )
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--label", default="verl", help="results file: bench/results/<UTC date>-<label>")
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        children = {"calls": child_calls, "micro": child_micro, "cpu": child_cpu, "cpu_ray": child_cpu_ray}
+        children = {"calls": child_calls, "micro": child_micro, "cpu": child_cpu, "cpu_ray": child_cpu_ray,
+                    "span": child_span}  # fmt: skip
         print(json.dumps(children[spec["mode"]](spec)))
         return 0
-    parts = {"micro": part_micro, "import": part_import, "cpu": part_cpu, "calls": part_calls}
+    parts = {"micro": part_micro, "import": part_import, "cpu": part_cpu, "calls": part_calls, "span": part_span}
     report: dict[str, Any] = {
         "command": " ".join(["python", "bench/bench_verl.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
