@@ -272,6 +272,46 @@ def part_import(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 # --- cpu -----------------------------------------------------------------------------------------
 
 
+# The trace context a driver's phase hands its workers' calls (what ``propagation.inject`` makes).
+CARRIER = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "baggage": "ml.run.id=bench,ml.step=1"}
+
+
+def _annotated_worker() -> type:
+    """A verl worker class whose method is ``DistProfiler.annotate``d and registered, as verl's
+    workers' are; with a ``tracer`` set, the plain SDK's span around the call (the ``sdk`` mode)."""
+    from verl.single_controller.base.decorator import Dispatch, register
+    from verl.utils.profiler import DistProfiler
+
+    class Worker:
+        tracer: Any = None
+
+        def __init__(self) -> None:
+            self.rank = 0
+            self.profiler = DistProfiler(rank=0)
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        @DistProfiler.annotate(role="actor_update")
+        def update(self, x: int) -> int:
+            if self.tracer is not None:
+                with self.tracer.start_as_current_span("actor_update", attributes={"ml.rank": 0}):
+                    return x
+            return x
+
+    return Worker
+
+
+def _sdk_provider(**batch: Any) -> Any:
+    """The plain OpenTelemetry SDK alone: a ``TracerProvider``, a ``BatchSpanProcessor`` (its
+    defaults unless ``batch`` says otherwise) and the OTLP/HTTP exporter to the endpoint's variable."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), **batch))
+    return provider
+
+
 def child_cpu(spec: dict[str, Any]) -> dict[str, Any]:
     """A worker nobody covers: the annotated method called in this process, carrier included, so
     each call's end waits until its spans have left (``drain.at_call_end``)."""
@@ -279,19 +319,7 @@ def child_cpu(spec: dict[str, Any]) -> dict[str, Any]:
         from otel_tracking.verl import install
 
         install("bench")
-    from verl.single_controller.base.decorator import Dispatch, register
-    from verl.utils.profiler import DistProfiler
-
-    class Worker:
-        def __init__(self) -> None:
-            self.profiler = DistProfiler(rank=0)
-
-        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        @DistProfiler.annotate(role="actor_update")
-        def update(self, x: int) -> int:
-            return x
-
-    worker = Worker()
+    worker = _annotated_worker()()
     kwargs = {"_otel_context": spec["carrier"]} if spec["instrumented"] else {}
     return paced(lambda i: worker.update(i, **kwargs), spec["rate"], spec["seconds"], _own_cpu)
 
@@ -308,34 +336,17 @@ def child_cpu_ray(spec: dict[str, Any]) -> dict[str, Any]:
 
         install("bench")  # as the plugin does on `import verl`: ray.init gets the runtime_env
     import ray
-    from verl.single_controller.base.decorator import Dispatch, register
-    from verl.utils.profiler import DistProfiler
 
     from otel_tracking import trace_state
 
     sdk = bool(spec.get("sdk"))
 
-    class Worker:
+    class Worker(_annotated_worker()):
         def __init__(self) -> None:
-            self.rank = 0
-            self.profiler = DistProfiler(rank=0)
-            self.tracer: Any = None
+            super().__init__()
             if sdk:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-                from opentelemetry.sdk.trace import TracerProvider
-                from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-                self.provider = TracerProvider()
-                self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # the endpoint's variable
+                self.provider = _sdk_provider()
                 self.tracer = self.provider.get_tracer("bench")
-
-        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        @DistProfiler.annotate(role="actor_update")
-        def update(self, x: int) -> int:
-            if self.tracer is not None:
-                with self.tracer.start_as_current_span("actor_update", attributes={"ml.rank": 0}):
-                    return x
-            return x
 
         def flush(self) -> bool:
             return bool(self.provider.force_flush()) if sdk else True
@@ -374,36 +385,12 @@ def child_span(spec: dict[str, Any]) -> dict[str, Any]:
         from otel_tracking.verl import install
 
         install("bench")
-    from verl.single_controller.base.decorator import Dispatch, register
-    from verl.utils.profiler import DistProfiler
-
-    tracer: Any = None
+    worker = _annotated_worker()()
     flush: Any = lambda: None  # noqa: E731
     if mode == "sdk":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-        provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), max_queue_size=100_000,
-                                                       schedule_delay_millis=1e9))  # fmt: skip
-        tracer = provider.get_tracer("bench")
+        provider = _sdk_provider(max_queue_size=100_000, schedule_delay_millis=1e9)
+        worker.tracer = provider.get_tracer("bench")
         flush = provider.force_flush
-
-    class Worker:
-        def __init__(self) -> None:
-            self.rank = 0
-            self.profiler = DistProfiler(rank=0)
-
-        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        @DistProfiler.annotate(role="actor_update")
-        def update(self, x: int) -> int:
-            if tracer is not None:
-                with tracer.start_as_current_span("actor_update", attributes={"ml.rank": 0}):
-                    return x
-            return x
-
-    worker = Worker()
     kwargs = {"_otel_context": spec["carrier"]} if mode in ("on", "before") else {}
     worker.update(-1, **kwargs)  # its worker run built
     if kwargs:
@@ -437,7 +424,6 @@ def part_span(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     from tests.otlp_receiver import HttpReceiver
 
-    carrier = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "baggage": "ml.run.id=bench,ml.step=1"}
     modes = ("off", "sdk", *(("before",) if args.before else ()), "on")
     out: dict[str, Any] = {}
     for mode in modes:
@@ -447,7 +433,7 @@ def part_span(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # this checkout's otel_tracking (or --before's), not one installed in the venv
             checkout = args.before if mode == "before" else str(REPO)
             env["PYTHONPATH"] = os.pathsep.join([checkout, env.get("PYTHONPATH", "")])
-            spec = {"mode": "span", "mode_name": mode, "carrier": carrier, "n": 2000, "repeats": 7}
+            spec = {"mode": "span", "mode_name": mode, "carrier": CARRIER, "n": 2000, "repeats": 7}
             out[mode] = child(spec, env, args.before if mode == "before" else None)
             out[mode]["spans_arrived"] = sum(s["name"] == "actor_update" for s in receiver.received.spans())
     return out
@@ -482,7 +468,6 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     from tests.otlp_receiver import HttpReceiver
 
-    carrier = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "baggage": "ml.run.id=bench,ml.step=1"}
     out: dict[str, Any] = {}
     before = ("before",) if args.before else ()  # the same worker with another checkout's otel_tracking
     cases = (("covered", "cpu_ray", ("off", "sdk", *before, "on")), ("uncovered", "cpu", ("off", "on")))
@@ -493,7 +478,7 @@ def part_cpu(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             for mode in modes:
                 with HttpReceiver() as receiver:  # one each: the spans that arrived are that mode's
                     spec = {"mode": mode_name, "instrumented": mode in ("on", "before"), "sdk": mode == "sdk",
-                            "carrier": carrier, "rate": args.rate, "seconds": args.cpu_seconds}  # fmt: skip
+                            "carrier": CARRIER, "rate": args.rate, "seconds": args.cpu_seconds}  # fmt: skip
                     path = (
                         {"PYTHONPATH": os.pathsep.join([args.before, env.get("PYTHONPATH", "")])}
                         if mode == "before"
