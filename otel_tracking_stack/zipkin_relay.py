@@ -3,7 +3,9 @@
 The collector's ``otlp_http/trace_ui`` exporter posts ``/v1/traces`` here; each request is
 translated (``zipkin_spans.py``) and posted to Zipkin's ``/api/v2/spans`` before it is answered,
 so the relay holds no queue of its own and its memory is bounded by ``MAX_CONCURRENT`` requests
-of at most ``MAX_BODY`` bytes.  Whatever goes wrong on Zipkin's side is answered 503: the
+of at most ``MAX_BODY`` bytes, compressed or not: a gzip body is inflated only up to ``MAX_BODY``
+bytes, and one that would inflate past it (a gzip bomb) is refused (413) without being inflated.
+Whatever goes wrong on Zipkin's side is answered 503: the
 collector's own sending queue and retry keep the spans (and never block its other exporters,
 Jaeger among them) until Zipkin answers again.  Standard library only.
 
@@ -15,13 +17,13 @@ Run by ``otel-tracking stack up``; by hand::
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import signal
 import sys
 import threading
 import urllib.error
 import urllib.request
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -86,9 +88,13 @@ class _Handler(BaseHTTPRequestHandler):
             if content_type != "application/json":
                 self._answer(415, {"error": f"OTLP/JSON only (the collector's `encoding: json`), not {content_type}"})
                 return
-            if self.headers.get("Content-Encoding", "").lower() == "gzip":
-                body = gzip.decompress(body)
             try:
+                if self.headers.get("Content-Encoding", "").lower() == "gzip":
+                    inflated = _gunzip(body, MAX_BODY)
+                    if inflated is None:
+                        self._answer(413, {"error": f"gzip body inflates to more than {MAX_BODY} bytes"})
+                        return
+                    body = inflated
                 spans = list(spans_from_otlp(json.loads(body)))
             except (ValueError, KeyError, TypeError, AttributeError) as err:
                 self._answer(400, {"error": f"not OTLP/JSON traces: {err}"})
@@ -119,6 +125,19 @@ class _Handler(BaseHTTPRequestHandler):
             return 503, f"Zipkin is not reachable: {err}"
         self.server.forwarded += len(spans)
         return 200, ""
+
+
+def _gunzip(data: bytes, limit: int) -> bytes | None:
+    """``data`` inflated, or None when it would inflate to more than ``limit`` bytes (inflated no
+    further than that).  Raises ``ValueError`` for data that is not gzip."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip's header and trailer
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as err:
+        raise ValueError(f"not gzip: {err}") from err
+    if len(out) > limit:
+        return None
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
