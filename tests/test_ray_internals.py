@@ -50,7 +50,7 @@ def test_each_name_reads_what_ray_says_publicly(cluster: None) -> None:
     assert ray_internals.is_driver() and not actor_is_driver  # this test ran ray.init; the actor did not
     names = [p.name for p in ray_internals.method_parameters(actor, "update")]
     assert names[:2] == ["batch", "lr"]  # Ray appends its own (_ray_trace_ctx)
-    entry = ray_internals.actor_table_entry(public_id)
+    entry = ray_internals.job_actor_table()[public_id]  # this job's actors, in one query
     assert entry["Pid"] == pid and entry["State"] == "ALIVE"
     assert ray_internals.actor_id(object()) is None  # not a handle: no id, no error
 

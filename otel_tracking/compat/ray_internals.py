@@ -26,7 +26,8 @@ PRIVATE_NAMES = {
     "context, and no actor is asked to deliver before the driver ends it",
     "ray.actor.ActorHandle._actor_id": "actors are not told apart: none is remembered, so none is drained",
     "ray.actor.ActorHandle._ray_method_signatures": "no caller adds the trace context to an actor call",
-    "ray._private.state.state.actor_table": "a stall report names a waiting rank's actor without its node and pid",
+    "ray._private.state.state.actor_table": "a stall report names a waiting rank's actor without its node and pid, "
+    "and cannot tell a rank that has not started from one stuck in the call",
 }
 
 ACTOR_METHOD_CALL = "_actor_method_call"  # verl/hops.py wraps it on ray.actor.ActorHandle
@@ -88,15 +89,20 @@ def method_parameters(handle: Any, method_name: str) -> tuple[Any, ...]:
     return tuple((getattr(handle, "_ray_method_signatures", None) or {}).get(method_name) or ())
 
 
-def actor_table_entry(hex_id: str) -> dict[str, Any]:
-    """The GCS's record of an actor (state, address, pid); empty when it cannot be read."""
+def job_actor_table() -> dict[str, dict[str, Any]]:
+    """The GCS's records of this job's actors (one query), by actor id, hex; empty when they
+    cannot be read.  The GCS may not answer at all: callers on a thread that must not hang ask
+    from another (``runtime/stalls.py``)."""
     if not probe()["ray._private.state.state.actor_table"]:
         return {}
     try:
+        import ray
         from ray._private import state
 
-        return dict(state.state.actor_table(hex_id) or {})
-    except Exception:  # the GCS gone, or another Ray's record
+        job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+        table = state.state.actor_table(None, job_id=job)
+        return {str(hex_id): dict(entry) for hex_id, entry in (table or {}).items()}
+    except Exception:  # the GCS gone, or another Ray's records
         logger.debug("otel-tracking: reading Ray's actor table failed", exc_info=True)
         return {}
 
@@ -105,8 +111,8 @@ __all__ = [
     "ACTOR_METHOD_CALL",
     "PRIVATE_NAMES",
     "actor_id",
-    "actor_table_entry",
     "is_driver",
+    "job_actor_table",
     "method_parameters",
     "probe",
 ]

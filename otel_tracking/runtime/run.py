@@ -50,7 +50,7 @@ from otel_tracking.runtime import lifecycle, stalls
 from otel_tracking.runtime.anatomy import Anatomy, StepAnatomy
 from otel_tracking.runtime.anatomy import gauges as anatomy_gauges
 from otel_tracking.runtime.anatomy import measured as anatomy_measured
-from otel_tracking.runtime.stalls import Stall, StallWatch, stall_line
+from otel_tracking.runtime.stalls import Stall, StallWatch, stall_line, starting_line
 from otel_tracking.runtime.step_roots import StepRoots
 from otel_tracking.signals import semconv
 from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
@@ -186,7 +186,7 @@ class Run:
         # atomic); watched for stalls (stalls.py)
         self.open_spans: dict[Span, int] = {}
         after = settings.stall_after_s
-        self.stalls = StallWatch(after, settings.stall_floor_s, self._report_stall)
+        self.stalls = StallWatch(after, settings.stall_floor_s, self._report_stall, self._say_starting)
         # A worker's parent_context() depends on nothing but the context it is given (contexts are
         # immutable): the last (given, result) pair is kept, so that a worker's spans, which start
         # from the same context over and over, do not rebuild the same baggage every time.
@@ -411,6 +411,11 @@ class Run:
             timestamp=time.time_ns(),
         )
         print(f"otel-tracking: {stall_line(stall, self.resource.attributes)}", file=sys.stderr, flush=True)
+
+    def _say_starting(self, stall: Stall) -> None:
+        """A phase that waits for ranks to start is not stuck: a line on stderr, no record, no alert."""
+        if not self.finished and self.pid == os.getpid():
+            print(f"otel-tracking: {starting_line(stall, self.resource.attributes)}", file=sys.stderr, flush=True)
 
     # --- the end ---------------------------------------------------------------------------------
 
