@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -215,9 +216,14 @@ def stall_summary(event: Event) -> str:
         f"phase {a.get('ml.phase')} at step {a.get('ml.step', '?')} open {a.get('ml.stall.open_s')} s "
         f"(bound {a.get('ml.stall.bound_s')} s, report {a.get('ml.stall.report')}), in {a.get('ml.stall.frame')}"
     )
+    spans = a.get("ml.stall.spans")
+    if isinstance(spans, int) and spans > 1:
+        said += f"; {spans} spans of it stuck"
     waiting = a.get("ml.stall.waiting_ranks")
     if waiting:
-        said += f"; waiting for rank(s) {', '.join(map(str, waiting))}"
+        count = a.get("ml.stall.waiting_count", len(waiting))
+        more = f" ({count} in all)" if isinstance(count, int) and count > len(waiting) else ""
+        said += f"; waiting for rank(s) {', '.join(map(str, waiting))}{more}"
     return said
 
 
@@ -225,6 +231,44 @@ def stall_markdown(event: Event) -> str:
     """A stall report as markdown: the summary, then every thread's stack as code."""
     stacks = "\n".join("    " + line for line in (event.text or "").splitlines())
     return f"**stall**: {stall_summary(event)}\n\n{stacks}"
+
+
+def stall_title(event: Event) -> str:
+    """An alert's title: ``stall: <phase> at step <N>`` (the phase scrubbed on its way out)."""
+    a = event.attributes
+    return f"stall: {a.get('ml.phase')} at step {a.get('ml.step', '?')}"
+
+
+class AlertLimit:
+    """How often a tracker may alert (its alerts reach Slack, email, a webhook): at most one alert
+    per phase every ``per_phase_s``, and ``burst`` alerts in any ``window_s`` in all.  What it
+    holds back is counted, and said by the next alert that goes out."""
+
+    def __init__(self, per_phase_s: float = 600.0, burst: int = 10, window_s: float = 3600.0) -> None:
+        self.per_phase_s = per_phase_s
+        self.burst = burst
+        self.window_s = window_s
+        self.held_back = 0
+        self._last: dict[str, float] = {}  # phase -> when its last alert went out (monotonic)
+        self._sent: list[float] = []  # when the alerts of the last window went out
+
+    def allow(self, phase: str, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        self._sent = [t for t in self._sent if now - t < self.window_s]
+        last = self._last.get(phase)
+        if (last is not None and now - last < self.per_phase_s) or len(self._sent) >= self.burst:
+            self.held_back += 1
+            return False
+        self._last[phase] = now
+        self._sent.append(now)
+        return True
+
+    def text(self, text: str) -> str:
+        """An alert's text, saying how many were held back before it (and counting afresh)."""
+        if self.held_back:
+            text += f" ({self.held_back} more stall alert(s) held back before this one: see the run's stall reports)"
+            self.held_back = 0
+        return text
 
 
 class TrackerSession(ABC):

@@ -322,6 +322,7 @@ class MlflowSession(TrackerSession):
         self._rejected: set[str] = set()
         self._last_error: BaseException | None = None
         self._lock = threading.Lock()
+        self._stall_names: dict[str, int] = {}  # stall artifact names written, and how often
         self._pool: ThreadPoolExecutor | None = None  # the lanes beyond the first (REQUESTS_IN_FLIGHT)
         self.ended = False
 
@@ -674,14 +675,21 @@ class MlflowSession(TrackerSession):
 
     def log_stall(self, event: Event) -> bool:
         a = event.attributes
-        phase = re.sub(r"[^A-Za-z0-9_.\-/ ]", "_", str(a.get("ml.phase", "phase")))[:200]
-        name = f"stalls/{phase.replace('/', '_')}-step{a.get('ml.step', 'none')}-report{a.get('ml.stall.report', 1)}.md"
+        # A tag's name and a file's: MLflow takes letters, digits, "_.-/ " and no "//" or "..";
+        # the phase, scrubbed on its way out, may be a URL (``<redacted>`` becomes ``_redacted_``).
+        phase = re.sub(r"[^A-Za-z0-9_.\- ]|\.\.", "_", str(a.get("ml.phase", "phase")))[:200]
+        name = f"stalls/{phase}-step{a.get('ml.step', 'none')}-report{a.get('ml.stall.report', 1)}"
+        # The same phase may stall twice at one step (it recovered, then stalled again): each report
+        # gets a file of its own, never one over another.
+        taken = self._stall_names.get(name, 0)
+        path = f"{name}-{taken + 1}.md" if taken else f"{name}.md"
         try:
             self.client.set_tag(self.run_id, f"ml.stall.{phase}", stall_summary(event)[:5000])
-            self.client.log_text(self.run_id, stall_markdown(event), name)
+            self.client.log_text(self.run_id, stall_markdown(event), path)
         except Exception as error:
             logger.warning("otel-tracking: MLflow did not take a stall report: %s", error)
             return False
+        self._stall_names[name] = taken + 1
         return True
 
     def log_generations(self, samples: Sequence[Any], step: int) -> None:

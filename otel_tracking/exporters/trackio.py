@@ -43,12 +43,14 @@ from typing import Any
 
 from otel_tracking.compat.trackio_internals import drain, probe, queue_row, stamp_last_row
 from otel_tracking.exporters._base import (
+    AlertLimit,
     Event,
     SinkParts,
     StepRecord,
     TrackerContext,
     TrackerSession,
     stall_summary,
+    stall_title,
     tracker_exporters,
 )
 from otel_tracking.exporters.timings import PhaseTiming
@@ -136,6 +138,7 @@ class TrackioSession(TrackerSession):
         self.resume = {"project": str(self.run.project), "name": str(self.run.name)}
         self.closed = False
         self._lock = threading.Lock()
+        self.alerts = AlertLimit()  # stall alerts reach a webhook: never a flood
 
     @classmethod
     def open(cls, context: TrackerContext) -> TrackioSession:
@@ -177,13 +180,13 @@ class TrackioSession(TrackerSession):
         dashboard shows it, a configured webhook posts it to Slack or Discord); other events have
         no Trackio form here."""
         if event.name == STALL_EVENT:
-            a = event.attributes
             step = self.last_step if event.step is None else event.step
             from trackio.alerts import AlertLevel
 
-            title = f"stall: {a.get('ml.phase')} at step {a.get('ml.step', '?')}"
             with self._lock:
-                self.run.alert(title=title, text=stall_summary(event), level=AlertLevel.WARN, step=step)
+                if self.alerts.allow(str(event.attributes.get("ml.phase"))):  # else held back, counted
+                    text = self.alerts.text(stall_summary(event))
+                    self.run.alert(title=stall_title(event), text=text, level=AlertLevel.WARN, step=step)
             return True
         if event.name != GENERATIONS_EVENT:
             return True

@@ -56,6 +56,7 @@ from typing import Any
 
 from otel_tracking.compat.wandb_internals import FastSteps
 from otel_tracking.exporters._base import (
+    AlertLimit,
     Event,
     SinkParts,
     StepRecord,
@@ -63,6 +64,7 @@ from otel_tracking.exporters._base import (
     TrackerSession,
     sample_parts,
     stall_summary,
+    stall_title,
     tracker_exporters,
 )
 from otel_tracking.exporters.timings import PhaseTiming
@@ -123,6 +125,7 @@ class WandbSession(TrackerSession):
         # starts another); else the module's own log/finish, as the reference called them.
         self._target = run if run is not None and callable(getattr(run, "log", None)) else module
         self._lock = threading.RLock()
+        self.alerts = AlertLimit()  # stall alerts reach Slack or email: never a flood
         self.high_step: int | None = None  # the highest step handed to wandb
         # wandb ignores data at a step below one it has seen, unless sync_tensorboard patched
         # tensorboard (then it ignores explicit steps altogether); a fork decides for itself.
@@ -399,10 +402,11 @@ class WandbSession(TrackerSession):
         alert = getattr(self.run, "alert", None)
         if not callable(alert):  # a rewind that has not opened yet, or a wandb-like without alerts
             return True
-        a = event.attributes
-        title = f"stall: {a.get('ml.phase')} at step {a.get('ml.step', '?')}"[:63]
+        title = stall_title(event)[:63]
         with self._lock:
-            alert(title=title, text=stall_summary(event), level="WARN", wait_duration=0)
+            if not self.alerts.allow(str(event.attributes.get("ml.phase"))):
+                return True  # held back: counted, and said by the next alert
+            alert(title=title, text=self.alerts.text(stall_summary(event)), level="WARN", wait_duration=0)
         return True
 
     def log_generations(self, samples: Sequence[Any], step: int) -> bool:
