@@ -165,8 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
         "stalls",
         help="the phases a run reported stuck (ml.stall), from the file sink's events files",
         epilog="One row per stuck phase, its latest report: rank, role, pid, host, phase, step, how long it was open, "
-        "its bound and the line it was stuck in. Exit code 0 when no stall was reported, 1 when some were, 2 when "
-        "no events file was found.",
+        "its bound, whether it recovered (after how long) or was still open at the end, and the line it was stuck "
+        "in. Exit code 0 when no stall was still open at the end (none reported, or all recovered), 1 when some "
+        "were, 2 when no events file was found.",
     )
     stalls.add_argument(
         "paths", nargs="*", help="events files (<experiment>.events.jsonl) or directories (default: the current one)"

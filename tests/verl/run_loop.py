@@ -38,8 +38,10 @@ def train(steps: int) -> dict[str, Any]:
     )
     ref = colocated.spawn(prefix_set={"ref"})["ref"]
     # verl calls init_model on every group before fit(): the workers' start-up is outside any phase
-    actor.flush_telemetry()
-    ref.flush_telemetry()
+    # (test_stall.py starts slow actors without it: the first phase waits for them to start)
+    if "LOOP_START_FLAG" not in os.environ:
+        actor.flush_telemetry()
+        ref.flush_telemetry()
     results: list[Any] = []
     for step in range(1, steps + 1):
         timing_raw: dict[str, float] = {}
@@ -101,7 +103,7 @@ def main() -> None:
     if not args.ray_first:
         import verl  # noqa: F401  # first, as verl's entry points do: its plugins load here
     env_vars = {"PYTHONPATH": os.environ["PYTHONPATH"]}
-    stuck_rank = ("LOOP_STALL_RANK", "LOOP_STALL_CALL", "LOOP_STALL_FLAG", "LOOP_STALL_BUSY")  # test_stall.py
+    stuck_rank = ("LOOP_STALL_RANK", "LOOP_STALL_CALL", "LOOP_STALL_FLAG", "LOOP_STALL_BUSY", "LOOP_START_FLAG")
     for name in stuck_rank:
         if name in os.environ:
             env_vars[name] = os.environ[name]

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ def _start_loop(cluster: str, tmp: Path, receiver: HttpReceiver, **extra: str) -
     tmp.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_", "RAY_ADDRESS", "LOOP_"))}
     env.update(
-        PYTHONPATH=str(HERE),
+        # this checkout's otel_tracking in the loop and its workers, not the verl venv's installed copy
+        PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parents[1])]),
         VERL_FILE_LOGGER_PATH=str(tmp / "metrics.jsonl"),
         OTEL_TRACKING_SPOOL_DIR=str(tmp / "spool"),
         OTEL_TRACKING_VERL="1",
@@ -50,6 +52,44 @@ def test_a_healthy_run_under_the_same_bound_yields_no_stall(cluster: str, tmp_pa
         assert healthy.returncode == 0, err[-4000:]
         stalls = [(r["attributes"]["ml.phase"], r["attributes"]["ml.stall.open_s"]) for r in _stalls(receiver)]
     assert stalls == [], f"a healthy run yields no ml.stall at all: {stalls}"
+
+
+def test_a_phase_waiting_for_the_groups_actors_to_start_is_not_a_stall(cluster: str, tmp_path: Path) -> None:
+    """The actor group's actors take long to start (their imports, a model's load: here until the
+    test says so), and nothing called them before the loop: its first phases wait for them for
+    several bounds.  The driver says it waits for the ranks to start, and sends no ml.stall."""
+    flag = tmp_path / "actors-may-start"
+    said: list[str] = []
+    with HttpReceiver() as receiver:
+        loop = _start_loop(cluster, tmp_path, receiver, LOOP_START_FLAG=str(flag))
+        readers = [
+            threading.Thread(target=lambda pipe=pipe: said.extend(iter(pipe.readline, "")), daemon=True)
+            for pipe in (loop.stderr, loop.stdout)
+        ]
+        for reader in readers:
+            reader.start()
+        try:
+
+            def notes(phase: str) -> list[str]:
+                return [line for line in list(said) if f"phase '{phase}'" in line and "to start" in line]
+
+            # said at 4 s, then again at 8 s: the phase has waited twice its bound
+            try:
+                wait_for(lambda: len(notes("gen")) >= 2 and notes("step"), timeout_s=180, what="the notes")
+            except AssertionError as error:
+                raise AssertionError(f"{error}; the loop said:\n{''.join(said)[-6000:]}") from None
+            assert loop.poll() is None
+        finally:
+            flag.touch()
+        loop.wait(timeout=600)
+        for reader in readers:
+            reader.join(timeout=60)
+        assert loop.returncode == 0, "".join(said)[-4000:]
+        stalls = [(r["attributes"]["ml.phase"], r["attributes"]["ml.stall.open_s"]) for r in _stalls(receiver)]
+    assert stalls == [], f"waiting for ranks to start is not a stall: {stalls}"
+    note = notes("gen")[0]
+    assert "waiting for 2 rank(s) to start (0, 1); not a stall" in note, note
+    assert not [line for line in said if "otel-tracking: stall:" in line], "no stall line either"
 
 
 @pytest.mark.parametrize("busy", ["0", "1"], ids=["gil-releasing-wait", "pure-python-loop"])

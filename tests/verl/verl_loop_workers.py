@@ -52,6 +52,11 @@ class _Profiled(Worker):
 
 @ray.remote
 class ActorWorker(_Profiled):
+    def __init__(self) -> None:
+        super().__init__()
+        if "LOOP_START_FLAG" in os.environ:  # test_stall.py: a slow start (a model's imports and load)
+            stuck_until_released(os.environ["LOOP_START_FLAG"], busy=False)
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @DistProfiler.annotate(color="red", role="actor_update")
     def update_actor(self, data: DataProto) -> DataProto:
