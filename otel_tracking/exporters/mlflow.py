@@ -536,7 +536,8 @@ class MlflowSession(TrackerSession):
     def write_event(self, event: Event) -> bool:
         """Validation generations as ``val_step{N}.json`` artifacts; a stall report as the tag
         ``ml.stall.<phase>`` (its summary: what the runs table shows) and the text artifact
-        ``stalls/<phase>-step<N>-report<n>.md`` (summary and stacks); other events are not MLflow's."""
+        ``stalls/<phase>-step<N>-report<n>.md`` (summary and stacks; ``-2``, ``-3``, ... after it when
+        that name was written already); other events are not MLflow's."""
         if event.name == semconv.STALL_EVENT:
             return self.log_stall(event)
         if event.name != GENERATIONS_EVENT:
