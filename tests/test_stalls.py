@@ -68,8 +68,17 @@ def _env(root: Path, receiver: HttpReceiver, **extra: str) -> dict[str, str]:
 def _stalls_in(events: Path) -> list[dict[str, Any]]:
     if not events.exists():
         return []
-    lines = [json.loads(line) for line in events.read_text().splitlines() if '"ml.stall"' in line]
-    return [line for line in lines if line.get("event_name") == "ml.stall"]
+    found = []
+    for line in events.read_text().splitlines():
+        if '"ml.stall"' not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:  # the line being written as we read
+            continue
+        if record.get("event_name") == "ml.stall":
+            found.append(record)
+    return found
 
 
 def _otlp_stalls(receiver: HttpReceiver) -> list[dict[str, Any]]:
