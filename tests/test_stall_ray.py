@@ -18,7 +18,7 @@ import pytest
 import ray
 
 from otel_tracking import Tracking, trace_state
-from otel_tracking.runtime import stalls
+from otel_tracking.runtime import stall_report
 from otel_tracking.verl import waiting
 from tests.otlp_receiver import wait_for
 from tests.test_stalls import _stalls_of
@@ -59,7 +59,7 @@ def test_a_gcs_that_does_not_answer_costs_the_report_its_ranks_not_the_watcher(
     flag = isolated / "come-back"
     monkeypatch.setenv("OTEL_TRACKING_STALL_AFTER", "1")
     monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(isolated / "logs"))
-    monkeypatch.setattr(stalls, "_waiting_sources", [waiting.waiting_for])  # as the verl switch adds it
+    monkeypatch.setattr(stall_report, "_waiting_sources", [waiting.waiting_for])  # as the verl switch adds it
     events = isolated / "logs" / "proj" / "exp.events.jsonl"
     rank = Rank.remote()  # type: ignore[attr-defined]
     group: Any = types.SimpleNamespace(_workers=[rank])

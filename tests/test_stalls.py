@@ -441,7 +441,7 @@ def test_a_lookup_that_never_answers_costs_its_report_the_answer_not_the_watcher
     """What a phase waits for is asked of a source that hangs (a Ray GCS that does not answer): the
     report still goes out, saying whom it waits for is not known, and later reports too."""
     from otel_tracking import Tracking, trace_state
-    from otel_tracking.runtime import stalls
+    from otel_tracking.runtime import stall_report as report
 
     gcs_answers = threading.Event()
 
@@ -449,8 +449,8 @@ def test_a_lookup_that_never_answers_costs_its_report_the_answer_not_the_watcher
         gcs_answers.wait()  # never, until the test ends
         return None
 
-    monkeypatch.setattr(stalls, "_waiting_sources", [hung_gcs])
-    monkeypatch.setattr(stalls, "_lookup", stalls._Lookup() if hasattr(stalls, "_Lookup") else None, raising=False)
+    monkeypatch.setattr(report, "_waiting_sources", [hung_gcs])
+    monkeypatch.setattr(report, "_lookup", report._Lookup())
     events = _in_process(isolated, monkeypatch, "0.3")
     tracking = Tracking("proj", "exp", default_backend=["file"])
     try:
@@ -477,7 +477,7 @@ def test_two_thousand_stuck_lanes_make_one_report_alerts_are_limited_and_no_arti
 
     from otel_tracking import Tracking, trace_state
     from otel_tracking.exporters._base import AlertLimit
-    from otel_tracking.runtime.stalls import MAX_LISTED
+    from otel_tracking.runtime.stall_report import MAX_LISTED
     from tests import readers_mlflow
 
     events = _in_process(isolated, monkeypatch, "0.5")
@@ -527,25 +527,25 @@ def test_a_record_stays_bounded_at_any_rank_count(isolated: Path, monkeypatch: p
     """A driver waiting for 4,096 ranks (as verl's source names them: one line per rank): the
     record's body stays under its cap, and its rank lists are cut, with the counts kept."""
     from otel_tracking import Tracking, trace_state
-    from otel_tracking.runtime import stalls
+    from otel_tracking.runtime import stall_report as report
 
     ranks = 4096
 
-    def many_ranks(span: Any) -> stalls.Waiting:
+    def many_ranks(span: Any) -> report.Waiting:
         lines = tuple(f"  rank {r}: actor {'f' * 32} (ALIVE), node {'e' * 56} (10.0.0.1), pid {r}" for r in range(4096))
-        return stalls.Waiting(waiting=tuple(range(1, ranks, 2)), done=tuple(range(0, ranks, 2)), lines=lines)
+        return report.Waiting(waiting=tuple(range(1, ranks, 2)), done=tuple(range(0, ranks, 2)), lines=lines)
 
-    monkeypatch.setattr(stalls, "_waiting_sources", [many_ranks])
+    monkeypatch.setattr(report, "_waiting_sources", [many_ranks])
     events = _in_process(isolated, monkeypatch, "0.3")
     tracking = Tracking("proj", "exp", default_backend=["file"])
     with trace_state("update_actor", step=1):
         (record, *_) = wait_for(lambda: _stalls_of(events), timeout_s=60, what="the report")
     tracking.finish()
-    assert len(record["body"]) <= stalls.MAX_BODY_CHARS, len(record["body"])
+    assert len(record["body"]) <= report.MAX_BODY_CHARS, len(record["body"])
     attributes = record["attributes"]
     assert attributes["ml.stall.waiting_count"] == ranks // 2 and attributes["ml.stall.done_count"] == ranks // 2
-    assert len(attributes["ml.stall.waiting_ranks"]) == stalls.MAX_LISTED
-    assert len(json.dumps(record)) < stalls.MAX_BODY_CHARS + 8_000
+    assert len(attributes["ml.stall.waiting_ranks"]) == report.MAX_LISTED
+    assert len(json.dumps(record)) < report.MAX_BODY_CHARS + 8_000
 
 
 RECOVERS_THEN_HANGS = textwrap.dedent(
@@ -604,14 +604,14 @@ def test_a_phase_waiting_for_ranks_to_start_is_not_a_stall_and_its_clock_starts_
     """Model of a driver whose first ``update_actor`` waits for the worker group's actors to start:
     while ranks have not started, no report (a 'waiting to start' note instead), however long; once
     they have, the phase is reported only if it stays open a whole bound longer."""
-    from otel_tracking.runtime import stalls
+    from otel_tracking.runtime import stall_report as report
 
     started = threading.Event()
 
-    def ranks(span: Any) -> stalls.Waiting:
-        return stalls.Waiting(waiting=(0, 1), starting=() if started.is_set() else (0, 1))
+    def ranks(span: Any) -> report.Waiting:
+        return report.Waiting(waiting=(0, 1), starting=() if started.is_set() else (0, 1))
 
-    monkeypatch.setattr(stalls, "_waiting_sources", [ranks])
+    monkeypatch.setattr(report, "_waiting_sources", [ranks])
     reports: list[Any] = []
     notes: list[Any] = []
     watch = StallWatch(after_s=4.0, floor_s=300.0, report=reports.append, starting=notes.append)
@@ -619,11 +619,11 @@ def test_a_phase_waiting_for_ranks_to_start_is_not_a_stall_and_its_clock_starts_
     for second in range(0, 40):  # 40 s of ranks starting: looked at every second
         watch.check({span: threading.get_ident()}, second * 1_000_000_000)
     assert reports == [] and [round(n.open_s) for n in notes] == [4, 8, 16, 32], "said when found, then as it doubles"
-    assert "waiting for 2 rank(s) to start (0, 1); not a stall" in stalls.starting_line(notes[0], {})
+    assert "waiting for 2 rank(s) to start (0, 1); not a stall" in report.starting_line(notes[0], {})
     started.set()  # they started after 39 s; the call itself now runs
     for second in range(40, 43):
         watch.check({span: threading.get_ident()}, second * 1_000_000_000)
     assert reports == [], "a bound after the ranks were last seen starting, not before"
     watch.check({span: threading.get_ident()}, 43 * 1_000_000_000)
-    (report,) = reports
-    assert report.report == 1 and report.waiting.waiting == (0, 1)
+    (stall,) = reports
+    assert stall.report == 1 and stall.waiting.waiting == (0, 1)

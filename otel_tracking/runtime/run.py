@@ -50,7 +50,8 @@ from otel_tracking.runtime import lifecycle, stalls
 from otel_tracking.runtime.anatomy import Anatomy, StepAnatomy
 from otel_tracking.runtime.anatomy import gauges as anatomy_gauges
 from otel_tracking.runtime.anatomy import measured as anatomy_measured
-from otel_tracking.runtime.stalls import Stall, StallWatch, stall_line, starting_line
+from otel_tracking.runtime.stall_report import Stall, stall_line, starting_line
+from otel_tracking.runtime.stalls import StallWatch
 from otel_tracking.runtime.step_roots import StepRoots
 from otel_tracking.signals import semconv
 from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity

@@ -197,10 +197,10 @@ def _patch_worker_group(base: ModuleType) -> None:
         quietly("worker-group call", returns.sent, self, worker, method_name, ref)  # the step's anatomy
         return ref
 
-    from otel_tracking.runtime import stalls
+    from otel_tracking.runtime import stall_report
     from otel_tracking.verl import returns, waiting
 
-    stalls.add_waiting_source(waiting.waiting_for)
+    stall_report.add_waiting_source(waiting.waiting_for)
     setattr(_execute_remote_single_worker, _PATCHED, True)
     group._execute_remote_single_worker = _execute_remote_single_worker  # type: ignore[union-attr]
 

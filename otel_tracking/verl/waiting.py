@@ -12,7 +12,7 @@ by ranks that have not started is not stuck (``stalls.py`` says so, and reports 
 None of it calls into a worker: ``ray.wait`` with no timeout asks the object store, and the actor
 table is the GCS's (one query for the job's actors), so a single-threaded actor stuck in the call
 cannot hold the answer up.  A GCS that does not answer could; ``stalls.py`` asks on a thread of its
-own with a deadline, never on its watcher thread.
+own with a deadline (``stall_report.py``), never on its watcher thread.
 
 The ``ObjectRef`` s are held only while their span is open (dropped at the next worker-group call
 or stall report after it ended), so nothing keeps a result in the object store for long.
@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_tracking.runtime.stalls import MAX_LISTED, Waiting
+from otel_tracking.runtime.stall_report import MAX_LISTED, Waiting
 
 # Actor states (Ray's ActorTableData.ActorState) of an actor whose creation has not finished: its
 # process is starting, importing, or running __init__; no call sent to it has begun.
