@@ -26,12 +26,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry._logs import SeverityNumber
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer, set_span_in_context
 
-from otel_tracking.compat.otel_sdk import LoggerProvider, enabled_despite_sdk_disabled
+from otel_tracking.compat.otel_sdk import LoggerProvider, SeverityNumber, enabled_despite_sdk_disabled
 from otel_tracking.config.resource import build_resource
 from otel_tracking.config.resume import RunRecord, record_name
 from otel_tracking.config.settings import Settings
