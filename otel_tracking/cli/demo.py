@@ -222,14 +222,15 @@ def run_demo(
 
 
 def goodput_summary(metrics_path: Path) -> str | None:
-    """The mean of each step's ``anatomy/*`` shares, read back from the file sink's metrics file."""
+    """The mean of each step's ``anatomy/*`` shares, read back from the file sink's events file
+    (beside its metrics file)."""
+    from otel_tracking.exporters.file import read_anatomy
+
     shares: dict[str, list[float]] = {}
-    with open(metrics_path) as lines:
-        for line in lines:
-            data = json.loads(line)["data"]
-            for key in ("goodput", "overhead_frac", "idle_frac"):
-                if f"anatomy/{key}" in data:
-                    shares.setdefault(key, []).append(data[f"anatomy/{key}"])
+    for data in read_anatomy(metrics_path).values():
+        for key in ("goodput", "overhead_frac", "idle_frac"):
+            if f"anatomy/{key}" in data:
+                shares.setdefault(key, []).append(data[f"anatomy/{key}"])
     if not shares.get("goodput"):
         return None
     mean = {key: 100 * sum(values) / len(values) for key, values in shares.items()}
