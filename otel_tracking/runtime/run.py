@@ -52,6 +52,7 @@ from otel_tracking.runtime.anatomy import gauges as anatomy_gauges
 from otel_tracking.runtime.anatomy import measured as anatomy_measured
 from otel_tracking.runtime.stalls import Stall, StallWatch, stall_line
 from otel_tracking.runtime.step_roots import StepRoots
+from otel_tracking.runtime.thread_parents import ThreadParents
 from otel_tracking.signals import semconv
 from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
 from otel_tracking.signals.ids import ID_GENERATOR
@@ -189,6 +190,8 @@ class Run:
         # trace_state spans not ended yet, each with the thread that opened it (dict set and pop:
         # atomic); watched for stalls (stalls.py)
         self.open_spans: dict[Span, int] = {}
+        # which phase a pool thread's phase hangs under (thread_parents.py)
+        self.thread_parents = ThreadParents()
         after = settings.stall_after_s
         self.stalls = StallWatch(after, settings.stall_floor_s, self._report_stall)
         # A worker's parent_context() depends on nothing but the context it is given (contexts are
