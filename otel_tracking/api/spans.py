@@ -80,6 +80,18 @@ def state_attributes(state_lane_id: Any, labels: dict[str, Any]) -> dict[str, An
 
 
 class trace_state:
+    """A training phase as a span: ``with trace_state("rollout", state_lane_id=n, **labels):``,
+    or as a decorator.  It nests under the span current in this thread or asyncio task.
+
+    Threads and tasks: an asyncio task copies its creator's context, so a phase it opens nests
+    under the phase that created it.  A ``concurrent.futures.ThreadPoolExecutor`` thread (also
+    ``loop.run_in_executor``'s) has no context of its own: a phase it opens with no span current
+    nests under the phase open in the one other thread that is inside a phase (``pool.map(generate,
+    ...)`` inside ``trace_state("rollout")``: each lane under ``rollout``).  When phases are open in
+    several other threads it cannot tell which one handed the work out: the phase hangs under the
+    step's root and one warning says so; submit ``contextvars.copy_context().run`` (or use
+    ``asyncio.to_thread``) there.  A ``threading.Thread`` of your own is never nested this way."""
+
     def __init__(self, state_name: str, state_lane_id: str | int | None = None, **labels: Any) -> None:
         if not isinstance(state_name, str) or not state_name:
             raise ValueError(f"trace_state needs a non-empty state name, got {state_name!r}")

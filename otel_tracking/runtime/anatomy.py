@@ -22,7 +22,10 @@ When the step's root ends, :meth:`StepAnatomy.step_ended` turns them into:
 
 Measured by default where verl's ``marked_timer`` phases are instrumented (``OTEL_TRACKING_VERL``
 and the other switches), elsewhere with ``OTEL_TRACKING_ANATOMY=1`` (``0`` turns it off): the
-numbers go to the trackers as one more ``log()`` at the step, which a plain script did not ask for.
+numbers go to the trackers as values of the step, before the next step's (``run.py`` measures a
+step once it is over, over all of its roots), and to the file sink's events file as an
+``ml.step.anatomy`` record (its metrics file and the console keep verl's one line per ``log()``).
+Phase and role names in keys are scrubbed; a lane named as text counts as the rank it ends with.
 The step's wall time runs from the root's start (the previous step's ``log()``) to its end; the
 first step starts at its first phase instead, so the run's set-up counts for no step.
 """
