@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_tracking import Tracking, trace_state
 from otel_tracking.cli.timeline import read_spans, select_steps, stragglers
 from otel_tracking.exporters.file import read_anatomy
+from otel_tracking.runtime.thread_parents import ThreadParents
 
 
 def _busy(at_least_ns: int) -> None:
@@ -124,3 +127,66 @@ def test_a_lane_whose_phase_cannot_be_told_hangs_under_the_step_and_says_so_once
     by_id = {s["span_id"]: s for s in spans}
     for lane in (s for s in spans if s["name"] in ("generate", "left", "right")):
         assert by_id[lane["parent_span_id"]]["name"] == "ml.step", lane  # a thread of its own is never adopted
+
+
+# --- the bookkeeping against a model ----------------------------------------------------------------
+
+# (thread, how): "top" opens with no current span (a pool thread asks for a parent first), "in"
+# nests under the thread's innermost open phase, "beside" under that phase's parent (a concurrent
+# asyncio task), "close" ends the thread's innermost open phase.
+ops = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["top", "in", "beside", "close"])), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_the_parent_given_is_the_innermost_phase_of_the_one_other_thread_inside_phases(
+    program: list[tuple[int, str]],
+) -> None:
+    """Threads 0 and 1 are the application's, 2 and 3 pool threads.  A pool thread is given a
+    parent only when exactly one other thread owns open phases; the parent is open, of that thread,
+    and, when that thread's phases form one chain, its innermost; nothing is kept once all ended."""
+    parents = ThreadParents()
+    stacks: dict[int, list[tuple[object, object | None, Any]]] = {t: [] for t in range(4)}  # (span, parent, entry)
+    helper: dict[int, bool] = {}
+    count = 0
+    for thread, how in program:
+        stack = stacks[thread]
+        if how == "close":
+            if stack:
+                _, _, entry = stack.pop()
+                if entry is not None:
+                    parents.closed(entry)
+                if not stack:
+                    helper.pop(thread, None)
+            continue
+        count += 1
+        span = f"span{count}"
+        current: object | None = None
+        if how == "in" and stack:
+            current = stack[-1][0]
+        elif how == "beside" and stack:
+            current = stack[-1][1]
+        adopted = None
+        if current is None and not stack and thread >= 2:
+            owners = {t for t, s in stacks.items() if s and t != thread and not helper.get(t)}
+            adopted = parents.parent_for(thread, span)
+            if len(owners) != 1:
+                assert adopted is None
+            else:
+                (owner,) = owners
+                open_there = [s for s, _, _ in stacks[owner]]
+                assert adopted is None or adopted in open_there
+                chain = all(p == (open_there[i - 1] if i else p) for i, (_, p, _) in enumerate(stacks[owner]))
+                top_level = [s for s, p, _ in stacks[owner] if p is None]
+                if chain and len(top_level) == 1:
+                    assert adopted == open_there[-1]
+        entry = parents.opened(span, thread, current, adopted is not None)
+        if adopted is not None:
+            helper[thread] = True
+        stack.append((span, current if current is not None else adopted, entry))
+    for stack in stacks.values():
+        while stack:
+            _, _, entry = stack.pop()
+            if entry is not None:
+                parents.closed(entry)
+    assert parents._threads == {} and parents._helpers == {}

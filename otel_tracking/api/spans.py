@@ -45,6 +45,7 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from otel_tracking.delivery.scrubbing import scrubbed_attributes
 from otel_tracking.runtime.anatomy import Call, Phase, StepAnatomy
 from otel_tracking.runtime.step_roots import StepRoot
+from otel_tracking.runtime.thread_parents import in_pool_thread
 from otel_tracking.signals.carrier import extract, has_span
 from otel_tracking.signals.redact import scrub_text
 from otel_tracking.signals.semconv import LABEL_PREFIX
@@ -128,7 +129,7 @@ class trace_state:
             thread = threading.get_ident()
             current = trace.get_current_span(ctx) if has_span(ctx) else None
             adopted = None
-            if current is None:
+            if current is None and in_pool_thread():
                 # a thread of a pool, handed work by a phase of another thread (runtime/thread_parents.py)
                 adopted = run.thread_parents.parent_for(thread, self.state_name)
                 if adopted is not None:

@@ -9,7 +9,6 @@ two runs log the same numbers.
 
 from __future__ import annotations
 
-import contextvars
 import json
 import math
 import os
@@ -192,10 +191,10 @@ def run_demo(
                     started = time.perf_counter()
                     with trace_state(phase, step=step):
                         if phase == "rollout":
-                            # Each worker gets a copy of this context, so its span nests under rollout.
+                            # Each lane's span nests under rollout: a pool thread's phase hangs
+                            # under the phase that handed it the work (trace_state's docs).
                             futures = [
                                 pool.submit(
-                                    contextvars.copy_context().run,
                                     _rollout_worker,
                                     lane,
                                     step,

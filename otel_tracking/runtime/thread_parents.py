@@ -49,10 +49,11 @@ class ThreadParents:
         self._warned = False
 
     def parent_for(self, thread: int, name: str) -> Any | None:
-        """The span a phase starting now in ``thread`` with no current span hangs under: the phase
-        open in the one other thread with phases open; None when ``thread`` has phases of its own,
-        no other thread has, or several have (said once)."""
-        if not self._threads or not in_pool_thread():
+        """The span a phase starting now in pool thread ``thread`` (see :func:`in_pool_thread`)
+        with no current span hangs under: the phase open in the one other thread with phases
+        open; None when ``thread`` has phases of its own, no other thread has, or several have
+        (said once)."""
+        if not self._threads:
             return None
         with self._lock:
             if thread in self._threads or thread in self._helpers:
