@@ -27,7 +27,7 @@ def test_each_steps_anatomy_names_the_straggler_and_agrees_with_the_loops_timing
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_", "RAY_ADDRESS", "LOOP_"))}
     with HttpReceiver() as receiver:
         env.update(
-            PYTHONPATH=str(HERE),
+            PYTHONPATH=os.pathsep.join((str(HERE), str(HERE.parent.parent))),  # this checkout's code
             VERL_FILE_LOGGER_PATH=str(tmp_path / "metrics.jsonl"),
             OTEL_TRACKING_SPOOL_DIR=str(tmp_path / "spool"),
             OTEL_TRACKING_VERL="1",
