@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -388,3 +389,48 @@ def test_no_secret_in_a_phase_name_reaches_a_key_and_lanes_named_as_text_get_the
     for path in (isolated / "proj").iterdir():
         assert secret not in path.read_text(), path
     assert read_anatomy(isolated / "proj" / "exp.jsonl")[2][f"{scrubbed}/straggler_rank"] == 1
+
+
+@pytest.mark.backend
+def test_a_step_whose_phase_outlives_the_next_log_is_measured_before_the_next_steps_values(
+    isolated: Path,
+    wandb_dir: Any,  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread's phase of step 1 still runs when step 2 is logged: step 1's anatomy goes out then
+    (what still runs counts for no step), before step 2's values, and not again when it ends."""
+    import contextvars
+
+    from otel_tracking import Tracking, trace_state
+    from otel_tracking.exporters.file import read_anatomy
+    from tests.readers_wandb import only_run
+
+    monkeypatch.setenv("OTEL_TRACKING_ANATOMY", "1")
+    root = wandb_dir("late")
+    tracking = Tracking("proj", "exp", default_backend=["file", "wandb"])
+    started, release = threading.Event(), threading.Event()
+
+    def late() -> None:
+        with trace_state("late_upload"):
+            started.set()
+            release.wait(timeout=60)
+
+    with trace_state("rollout"):
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(late,))
+        thread.start()
+        assert started.wait(timeout=60)
+    tracking.log({"loss": 1.0}, 1)
+    with trace_state("rollout"):
+        pass
+    tracking.log({"loss": 0.5}, 2)
+    release.set()
+    thread.join(timeout=60)
+    with trace_state("rollout"):
+        pass
+    tracking.log({"loss": 0.25}, 3)
+    tracking.finish()
+    stored = only_run(root).triples()
+    assert sorted(s for k, s, _ in stored if k == "anatomy/goodput") == [1, 2, 3], stored
+    assert sorted(read_anatomy(isolated / "proj" / "exp.jsonl")) == [1, 2, 3]
+    events = (isolated / "proj" / "exp.events.jsonl").read_text()
+    assert events.count('"event_name":"ml.step.anatomy"') == 3
