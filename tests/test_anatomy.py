@@ -434,3 +434,31 @@ def test_a_step_whose_phase_outlives_the_next_log_is_measured_before_the_next_st
     assert sorted(read_anatomy(isolated / "proj" / "exp.jsonl")) == [1, 2, 3]
     events = (isolated / "proj" / "exp.events.jsonl").read_text()
     assert events.count('"event_name":"ml.step.anatomy"') == 3
+
+
+def test_no_secret_in_a_phase_name_reaches_the_open_phase_gauges(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gauges of open phases (``ml.phase.open{ml.phase}``, for alerting on stuck phases) carry
+    the phase's name scrubbed, as its span does."""
+    from otel_tracking import Tracking, trace_state
+
+    secret = "s3cr3t-pw-0043"
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "100")
+        tracking = Tracking("proj", "exp", default_backend=["file"])
+        with trace_state(f"download https://alice:{secret}@db.example.com/shard"):
+
+            def phases() -> list[str]:
+                return [
+                    str(attrs.get("ml.phase"))
+                    for _, name, _, _, attrs in receiver.received.gauge_points()
+                    if name == "ml.phase.open"
+                ]
+
+            shown = wait_for(phases, what="an ml.phase.open point")
+        tracking.finish()
+    assert shown and all(secret not in phase for phase in shown), shown
+    assert "download https://<redacted>@db.example.com/shard" in shown

@@ -56,7 +56,7 @@ from otel_tracking.runtime.thread_parents import ThreadParents
 from otel_tracking.signals import semconv
 from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
 from otel_tracking.signals.ids import ID_GENERATOR
-from otel_tracking.signals.redact import scrub_strings
+from otel_tracking.signals.redact import scrub_strings, scrub_value
 from otel_tracking.signals.semconv import ENDED_BY
 from otel_tracking.signals.steps import LatestValues, StepBatch, labelled_gauge
 from otel_tracking.signals.values import checked_others, split_values, step_as_logged, to_step
@@ -270,8 +270,12 @@ class Run:
         phases = self.stalls.open_phases(self.open_spans, now_ns)
         if not phases:
             return []
-        ages = {name: open_s for name, (open_s, _) in phases.items()}
-        bounds = {name: bound for name, (_, bound) in phases.items()}
+        # the open spans' own names, not yet scrubbed as their spans will be on the way out
+        ages: dict[str, float] = {}
+        bounds: dict[str, float] = {}
+        for name, (open_s, bound) in phases.items():
+            label = scrub_value(name)
+            ages[label], bounds[label] = max(open_s, ages.get(label, 0.0)), bound
         age_about = "how long the phase's oldest open span has been open"
         return [
             labelled_gauge("ml.phase.open", "s", age_about, semconv.PHASE, ages, now_ns),
