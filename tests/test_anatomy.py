@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from otel_tracking.cli.timeline import read_spans
 from otel_tracking.config.settings import ConfigError, build_settings
 from otel_tracking.runtime.anatomy import DEFAULT_BUCKETS, Call, Phase, StepAnatomy, StepTrace, measure
 from tests.otlp_receiver import HttpReceiver, wait_for
@@ -337,6 +338,10 @@ def test_a_step_logged_again_after_a_phase_has_one_anatomy_over_all_of_it(
     spans = [e for e in events if e["type"] == "span"]
     roots = [s for s in spans if s["name"] == "ml.step"]
     assert [r["attributes"]["ml.step"] for r in roots] == [1, 1, 2, 2]
+    assert [r["attributes"].get("ml.step.continues") for r in roots] == [None, True, None, True]
+    # the timeline draws validate in the step it validated (its own ml.step says the next one)
+    drawn = [(s.name, s.step) for s in read_spans([isolated / "proj" / "exp.events.jsonl"]) if s.name != "ml.step"]
+    assert sorted(drawn) == [("rollout", 1), ("rollout", 2), ("validate", 1), ("validate", 2)]
     for record in measured:
         step = record["attributes"]["ml.step"]
         its_roots = [r for r in roots if r["attributes"]["ml.step"] == step]

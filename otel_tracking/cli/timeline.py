@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_tracking.cli.stalls import events_files
-from otel_tracking.signals.semconv import LANE, RANK, ROLE, RUN_ID, STEP, STEP_SPAN_NAME
+from otel_tracking.signals.semconv import CONTINUES, LANE, RANK, ROLE, RUN_ID, STEP, STEP_SPAN_NAME
 
 
 @dataclass
@@ -69,20 +69,23 @@ def read_spans(files: Iterable[Path], traces_url: str | None = None, skipped: li
         for run_id in sorted(runs, key=str):
             raw.extend(s for s in zipkin_spans(traces_url, str(run_id)) if s["span_id"] not in known)
     root_steps: dict[Any, int] = {}
+    continued: set[Any] = set()  # the traces of a step's second root (the step logged again)
     for s in raw:
         step = _step(_attributes(s).get(STEP))
         if s.get("name") == STEP_SPAN_NAME and s.get("parent_span_id") is None and step is not None:
             root_steps[s.get("trace_id")] = step
+            if _attributes(s).get(CONTINUES):
+                continued.add(s.get("trace_id"))
     spans = []
     for s in raw:
         try:
-            spans.append(_span(s, root_steps))
+            spans.append(_span(s, root_steps, continued))
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             skipped.append(f"span {str(s.get('name', '?'))[:80]!r}: {type(error).__name__} {error}"[:200])
     return spans
 
 
-def _span(s: dict[str, Any], root_steps: dict[Any, int]) -> Span:
+def _span(s: dict[str, Any], root_steps: dict[Any, int], continued: set[Any]) -> Span:
     """One span line as drawn; KeyError, TypeError or ValueError for a line that is none."""
     attributes = _attributes(s)
     name, trace_id, span_id = s["name"], s["trace_id"], s["span_id"]
@@ -90,9 +93,13 @@ def _span(s: dict[str, Any], root_steps: dict[Any, int]) -> Span:
         raise ValueError("no name, trace_id or span_id")
     start_ns, end_ns = int(s["start_time_unix_nano"]), int(s["end_time_unix_nano"])
     own = attributes.get(STEP)
-    step = _step(own) if own is not None else root_steps.get(trace_id)
+    step = _step(own) if own is not None else None
     if own is not None and step is None:
         raise ValueError(f"ml.step {own!r} is not a step")
+    if step is None or trace_id in continued:
+        # a phase under a step's second root began after the step's first log(), so it says the
+        # next step: its root says which step it was (the same one, logged again)
+        step = root_steps.get(trace_id, step)
     parent = s.get("parent_span_id")
     return Span(
         name=name,

@@ -18,8 +18,10 @@ when the next step's first phase starts, at ``flush()`` or at ``finish()``.
 A span that starts after ``log(step=N)`` without ``step=`` cannot know whether step N will be
 logged again (``log(train, N)``, ``trace_state("validate")``, ``log(val, N)``) or step N + 1 is
 beginning, so it opens a new root; when the next ``log()`` says N again, that root says N too and
-links to the step's first root (``ml.step.continues``): the step's two roots, whose time spans
-follow each other, are measured as one step (``anatomy.py``).  ``step=N`` on the span keeps it in
+links to the step's first root (both marked ``ml.step.continues``): the step's two roots, whose
+time spans follow each other, are measured as one step (``anatomy.py``) and drawn as one (the
+timeline).  The phases under the second root say the next step (they began after the ``log()``),
+and so do their ``timing_s/state/<name>`` values.  ``step=N`` on the span keeps it in
 the step's one trace.
 """
 
@@ -35,9 +37,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, Tracer
 
 from otel_tracking.runtime.anatomy import StepTrace
-from otel_tracking.signals.semconv import STEP, STEP_SPAN_NAME
-
-CONTINUES = "ml.step.continues"  # on the link from a step's second root to its first
+from otel_tracking.signals.semconv import CONTINUES, STEP, STEP_SPAN_NAME
 
 
 @dataclass
@@ -124,6 +124,7 @@ class StepRoots:
                 if root.closed_ns is None and earlier is not None and earlier is not root and earlier.step == step:
                     # the same step again, after a phase that began a root of its own: say so
                     root.span.add_link(earlier.span.get_span_context(), {CONTINUES: True})
+                    root.span.set_attribute(CONTINUES, True)
                 root.step, root.closed_ns = step, now_ns
                 root.span.set_attribute(STEP, step)
                 self._last_closed = root
