@@ -314,16 +314,19 @@ def test_each_steps_anatomy_reaches_wandb_at_its_step_and_the_file_sink_stays_ve
     assert ours_out == [line for line in capfd.readouterr().out.splitlines() if line.startswith("step:")]
 
 
+@pytest.mark.backend
 def test_a_step_logged_again_after_a_phase_has_one_anatomy_over_all_of_it(
     isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Train values, an unlabelled ``validate``, the validation values at the same step: one
     anatomy for the step, over both of its roots (the second says the step too), not a second
-    one for ``validate`` alone that replaces the first."""
+    one for ``validate`` alone that replaces the first; TensorBoard (its own reader) and the
+    timeline have validate at that step too."""
     from otel_tracking import Tracking, trace_state
+    from tests.test_backend_tensorboard import read_events
 
     monkeypatch.setenv("OTEL_TRACKING_ANATOMY", "1")
-    tracking = Tracking("proj", "exp", default_backend="file")
+    tracking = Tracking("proj", "exp", default_backend=["file", "tensorboard"])
     for step in (1, 2):
         with trace_state("rollout"):
             pass
@@ -332,6 +335,10 @@ def test_a_step_logged_again_after_a_phase_has_one_anatomy_over_all_of_it(
             pass
         tracking.log({"val/score": 0.5}, step)
     tracking.finish()
+    scalars, _, _ = read_events(isolated / "tensorboard_log" / "proj" / "exp")
+    assert [s for s, _ in scalars["anatomy/goodput"]] == [1, 2]
+    # the validate phase's timing at the step it validated, as the anatomy and the timeline have it
+    assert [s for s, _ in scalars["timing_s/state/validate"]] == [1, 2]
     events = [json.loads(line) for line in (isolated / "proj" / "exp.events.jsonl").read_text().splitlines()]
     measured = [e for e in events if e.get("event_name") == "ml.step.anatomy"]
     assert [e["attributes"]["ml.step"] for e in measured] == [1, 2], measured

@@ -19,9 +19,9 @@ A span that starts after ``log(step=N)`` without ``step=`` cannot know whether s
 logged again (``log(train, N)``, ``trace_state("validate")``, ``log(val, N)``) or step N + 1 is
 beginning, so it opens a new root; when the next ``log()`` says N again, that root says N too and
 links to the step's first root (both marked ``ml.step.continues``): the step's two roots, whose
-time spans follow each other, are measured as one step (``anatomy.py``) and drawn as one (the
-timeline).  The phases under the second root say the next step (they began after the ``log()``),
-and so do their ``timing_s/state/<name>`` values.  ``step=N`` on the span keeps it in
+time spans follow each other, are measured as one step (``anatomy.py``), timed at the step
+(``exporters/timings.py``) and drawn as one (the timeline), though the phases under the second
+root say the next step (the step in progress when they began).  ``step=N`` on the span keeps it in
 the step's one trace.
 """
 
