@@ -113,3 +113,49 @@ def test_steps_that_are_not_there_are_said(demo: tuple[Path, str]) -> None:
     assert done.returncode == 2 and "no spans at steps 40-41 (steps found: 1-6)" in done.stdout
     bad = _timeline(root, "--steps", "3-1")
     assert bad.returncode == 2 and "is not a step or a range of steps" in bad.stderr
+
+
+def _span_line(name: str, span_id: str, parent: str | None, start: int, end: int, **attributes: Any) -> str:
+    return json.dumps(
+        {
+            "type": "span",
+            "name": name,
+            "trace_id": "ab" * 16,
+            "span_id": span_id,
+            "parent_span_id": parent,
+            "start_time_unix_nano": start,
+            "end_time_unix_nano": end,
+            "attributes": attributes,
+            "resource": {},
+        },
+        separators=(",", ":"),  # as the file sink writes it
+    )
+
+
+def test_a_bad_span_line_is_skipped_and_counted_not_the_end_of_the_read(tmp_path: Path) -> None:
+    """A span without trace_id and one whose ml.step is NaN (both allowed by JSON as Python writes
+    it) are left out and counted; the good ones are still drawn."""
+    from io import StringIO
+
+    from otel_tracking.cli.timeline import main
+
+    good = [
+        _span_line("ml.step", "01" * 8, None, 0, 100, **{"ml.step": 4}),
+        _span_line("rollout", "02" * 8, "01" * 8, 10, 90, **{"ml.step": 4}),
+    ]
+    no_trace = json.loads(_span_line("update", "03" * 8, "01" * 8, 20, 30))
+    del no_trace["trace_id"]
+    nan_step = _span_line("update", "04" * 8, "01" * 8, 40, 50).replace(
+        '"attributes":{}', '"attributes":{"ml.step":NaN}'
+    )
+    cut = _span_line("update", "05" * 8, "01" * 8, 60, 70)[:40]
+    (tmp_path / "exp.events.jsonl").write_text(
+        "\n".join([*good, json.dumps(no_trace, separators=(",", ":")), nan_step, cut]) + "\n"
+    )
+    out = StringIO()
+    code = main([str(tmp_path)], "4", str(tmp_path / "t"), stdout=out)
+    assert code == 0, out.getvalue()
+    assert "skipped 3 span lines" in out.getvalue(), out.getvalue()
+    assert "2 spans on 1 lanes, step 4" in out.getvalue()
+    drawn = [e["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    assert sorted(drawn) == ["ml.step", "rollout"]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_tracking.cli.stalls import events_files
-from otel_tracking.signals.semconv import LANE, RANK, ROLE, RUN_ID, STEP, STEP_SPAN_NAME
+from otel_tracking.signals.semconv import CONTINUES, LANE, RANK, ROLE, RUN_ID, STEP, STEP_SPAN_NAME
 
 
 @dataclass
@@ -45,9 +45,12 @@ class Span:
     depth: int = 0
 
 
-def read_spans(files: Iterable[Path], traces_url: str | None = None) -> list[Span]:
+def read_spans(files: Iterable[Path], traces_url: str | None = None, skipped: list[str] | None = None) -> list[Span]:
     """Every span line of the events files, with its step (its own, else its trace root's); with
-    ``traces_url``, also the run's spans the trace UI keeps (the run of the files' spans)."""
+    ``traces_url``, also the run's spans the trace UI keeps (the run of the files' spans).  A line
+    that is no span this can draw (cut short by a kill, without ids or times, a step that is not a
+    number) is left out, and said in ``skipped`` (one reason per line), rather than ending the read."""
+    skipped = [] if skipped is None else skipped
     raw: list[dict[str, Any]] = []
     for path in files:
         with open(path, "rb") as handle:
@@ -57,39 +60,77 @@ def read_spans(files: Iterable[Path], traces_url: str | None = None) -> list[Spa
                     continue
                 try:
                     record = json.loads(line)
-                except ValueError:  # a line cut short by a kill
-                    continue
-                raw.extend(otlp_json_spans(record) if otlp else [record])
+                    raw.extend(otlp_json_spans(record) if otlp else [record])
+                except (ValueError, TypeError, AttributeError) as error:  # a line cut short by a kill, ...
+                    skipped.append(f"{path.name}: {type(error).__name__}")
     if traces_url:
-        runs = {s["resource"].get(RUN_ID) for s in raw if s.get("resource")} - {None}
-        known = {s["span_id"] for s in raw}
-        for run_id in sorted(runs):
+        runs = {_resource(s).get(RUN_ID) for s in raw} - {None}
+        known = {s.get("span_id") for s in raw}
+        for run_id in sorted(runs, key=str):
             raw.extend(s for s in zipkin_spans(traces_url, str(run_id)) if s["span_id"] not in known)
-    root_steps = {
-        s["trace_id"]: s["attributes"].get(STEP)
-        for s in raw
-        if s["name"] == STEP_SPAN_NAME and s.get("parent_span_id") is None
-    }
+    root_steps: dict[Any, int] = {}
+    continued: set[Any] = set()  # the traces of a step's second root (the step logged again)
+    for s in raw:
+        step = _step(_attributes(s).get(STEP))
+        if s.get("name") == STEP_SPAN_NAME and s.get("parent_span_id") is None and step is not None:
+            root_steps[s.get("trace_id")] = step
+            if _attributes(s).get(CONTINUES):
+                continued.add(s.get("trace_id"))
     spans = []
     for s in raw:
-        if s.get("start_time_unix_nano") is None or s.get("end_time_unix_nano") is None:
-            continue
-        attributes = s.get("attributes") or {}
-        step = attributes.get(STEP, root_steps.get(s["trace_id"]))
-        spans.append(
-            Span(
-                name=s["name"],
-                trace_id=s["trace_id"],
-                span_id=s["span_id"],
-                parent_id=s.get("parent_span_id"),
-                start_ns=int(s["start_time_unix_nano"]),
-                end_ns=int(s["end_time_unix_nano"]),
-                step=int(step) if isinstance(step, (int, float)) else None,
-                lane=_lane(s.get("resource") or {}, attributes),
-                attributes=attributes,
-            )
-        )
+        try:
+            spans.append(_span(s, root_steps, continued))
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
+            skipped.append(f"span {str(s.get('name', '?'))[:80]!r}: {type(error).__name__} {error}"[:200])
     return spans
+
+
+def _span(s: dict[str, Any], root_steps: dict[Any, int], continued: set[Any]) -> Span:
+    """One span line as drawn; KeyError, TypeError or ValueError for a line that is none."""
+    attributes = _attributes(s)
+    name, trace_id, span_id = s["name"], s["trace_id"], s["span_id"]
+    if not all(isinstance(v, str) and v for v in (name, trace_id, span_id)):
+        raise ValueError("no name, trace_id or span_id")
+    start_ns, end_ns = int(s["start_time_unix_nano"]), int(s["end_time_unix_nano"])
+    own = attributes.get(STEP)
+    step = _step(own) if own is not None else None
+    if own is not None and step is None:
+        raise ValueError(f"ml.step {own!r} is not a step")
+    if step is None or trace_id in continued:
+        # a phase under a step's second root began after the step's first log(), so it says the
+        # next step: its root says which step it was (the same one, logged again)
+        step = root_steps.get(trace_id, step)
+    parent = s.get("parent_span_id")
+    return Span(
+        name=name,
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_id=parent if isinstance(parent, str) else None,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        step=step,
+        lane=_lane(_resource(s), attributes),
+        attributes=attributes,
+    )
+
+
+def _attributes(s: dict[str, Any]) -> dict[str, Any]:
+    found = s.get("attributes")
+    return found if isinstance(found, dict) else {}
+
+
+def _resource(s: dict[str, Any]) -> dict[str, Any]:
+    found = s.get("resource")
+    return found if isinstance(found, dict) else {}
+
+
+def _step(value: Any) -> int | None:
+    """A step as a span says it: a whole, finite number (NaN, inf, text and bools are none)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None
+    return int(value)
 
 
 def otlp_json_spans(request: dict[str, Any]) -> list[dict[str, Any]]:
@@ -370,7 +411,10 @@ def main(
 
     say = stdout or sys.stdout
     files = events_files([Path(p) for p in paths] or [Path.cwd()])
-    spans = read_spans(files, traces_url)
+    skipped: list[str] = []
+    spans = read_spans(files, traces_url, skipped)
+    if skipped:
+        say.write(f"otel-tracking timeline: skipped {len(skipped)} span lines it cannot draw (first: {skipped[0]})\n")
     known = sorted({s.step for s in spans if s.step is not None})
     if not known:
         say.write("otel-tracking timeline: no spans with a step in the events files found\n")
