@@ -198,6 +198,10 @@ def test_the_generated_pages_say_what_the_code_and_the_results_say(site: Path) -
     for name in ("Tracking", "Tracking.log", "Tracking.finish", "Tracking.flush", "Tracking.supported_backend"):
         assert f'id="otel_tracking.api.facade.{name}"' in api, name
     assert 'id="otel_tracking.api.spans.trace_state"' in api
+    # attributes show their text, not the code that computes them
+    for code in ("list(SUPPORTED_BACKENDS)", "sink.name", "self._run"):
+        assert code not in api, code
+    assert "The backend names" in api and "The run&#39;s sinks by backend name" in api
     bench = (site / "benchmarks" / "index.html").read_text()
     latest = (REPO / "bench" / "results" / "latest.md").read_text()
     machine = next(line for line in latest.splitlines() if line.startswith("machine:"))
@@ -263,6 +267,85 @@ def test_the_site_opens_in_chromium_with_its_navigation_and_a_working_search(ser
         assert served + "/guides/replay/" in results
         if os.environ.get("DOCS_SCREENSHOTS"):
             reference.screenshot(REPO / "docs" / "images" / "docs-search.png")
+
+
+# ----------------------------------------------------------------------------- the Python API reference
+
+
+def _documented_parameters(docstring: str) -> set[str]:
+    return set(re.findall(r":param (?:[\w\[\], |]+ )?(\w+):", docstring))
+
+
+def api_gaps(package: str, exports: dict[str, str], page: str, search_paths: list[str]) -> list[str]:
+    """What the API reference would show without its text: a public name (or a public member of a
+    public class) without a docstring, a parameter its docstring does not describe (``:param x:``),
+    a public name without an example, a public name the reference page does not render.  Read with
+    griffe, as mkdocstrings reads it for the page."""
+    import griffe
+
+    problems = []
+    for name, module in sorted(exports.items()):
+        if f"::: {module}.{name}" not in page:
+            problems.append(f"{package}.{name} is not on the reference page")
+        obj = griffe.load(module, search_paths=search_paths)[name]
+        text = obj.docstring.value if obj.docstring else ""
+        if not text:
+            problems.append(f"{name} has no docstring")
+            continue
+        if "Example" not in text:
+            problems.append(f"{name}'s docstring has no example")
+        callables = [(name, obj, text)]
+        if obj.is_class:
+            init = obj.members.get("__init__")
+            if init is not None:
+                callables = [(name, init, text + (init.docstring.value if init.docstring else ""))]
+            for member_name, member in obj.members.items():
+                if member_name.startswith("_"):
+                    continue
+                member_text = member.docstring.value if member.docstring else ""
+                if not member_text:
+                    problems.append(f"{name}.{member_name} has no docstring")
+                elif member.is_function:
+                    callables.append((f"{name}.{member_name}", member, member_text))
+        for where, function, docstring in callables:
+            if not function.is_function:
+                continue
+            wanted = [p.name for p in function.parameters if p.name not in ("self", "cls")]
+            missing = [p for p in wanted if p not in _documented_parameters(docstring)]
+            if missing:
+                problems.append(f"{where}: no `:param x:` for {', '.join(missing)}")
+    return problems
+
+
+def test_every_public_name_and_parameter_is_documented_on_the_reference_page() -> None:
+    import otel_tracking
+
+    exports = {name: otel_tracking._EXPORTS[name] for name in otel_tracking.__all__ if name != "__version__"}
+    page = (DOCS / "reference" / "api.md").read_text()
+    assert api_gaps("otel_tracking", exports, page, [str(REPO)]) == []
+
+
+def test_the_api_check_catches_a_missing_docstring_parameter_example_or_page_entry(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "api.py").write_text(
+        "class Documented:\n"
+        '    """A class.\n\n    Example: ``Documented(1)``\n\n    :param size: how big.\n    """\n\n'
+        "    def __init__(self, size: int, colour: str = 'red') -> None:\n        pass\n\n"
+        "    def grow(self, by: int) -> None:\n        pass\n\n"
+        "    def shrink(self, by: int) -> None:\n"
+        '        """Smaller.\n\n        :param by: how much.\n        """\n\n\n'
+        "def helper(x: int) -> int:\n"
+        '    """Help.\n\n    :param x: a number.\n    """\n    return x\n'
+    )
+    exports = {"Documented": "pkg.api", "helper": "pkg.api"}
+    assert sorted(api_gaps("pkg", exports, "::: pkg.api.Documented\n", [str(tmp_path)])) == [
+        "Documented.grow has no docstring",
+        "Documented: no `:param x:` for colour",
+        "helper's docstring has no example",
+        "pkg.helper is not on the reference page",
+    ]
 
 
 # ----------------------------------------------------------------------------- the README
