@@ -189,7 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
         "or directories (default: the current one)",
     )
     timeline.add_argument("--steps", type=_steps, help="a step (3) or a range (3-5); default: the last step")
-    timeline.add_argument("--out", help="where to write, without suffix (default: timeline-step<N>)")
+    timeline.add_argument(
+        "--out",
+        help="where to write, without suffix (default: timeline-step<N> beside the first events file, or in the "
+        "first directory given)",
+    )
     timeline.add_argument(
         "--traces-url",
         help="also the run's spans the stack's trace UI keeps (Zipkin, e.g. http://127.0.0.1:9411/zipkin/: the "
