@@ -250,9 +250,9 @@ def _print_summary(run: Run, stats: dict[str, dict[str, int]]) -> None:
     queued = [sink.name for sink in run.all_sinks if not sink.inline]
     for name in queued:
         c = stats[name]
-        print(
-            f"otel-tracking: {name}: delivered {c['delivered']}, failed {c['failed']}, retried {c['retried']}, "
-            f"spooled {c['spooled']}, dropped {c['dropped']}",
+        print(  # items are what log() and trace_state hand over; failed and retried count export attempts
+            f"otel-tracking: {name}: {c['delivered']} items delivered, {c['spooled']} spooled, {c['dropped']} dropped "
+            f"(items: log() calls, spans, log records); {c['failed']} exports failed, {c['retried']} retried",
             file=sys.stderr,
         )
     settings = run.settings
