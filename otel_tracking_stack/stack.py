@@ -1017,7 +1017,12 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument(
         "--state-dir", type=Path, default=argparse.SUPPRESS, help="default: ~/.cache/otel-tracking/stack"
     )
-    parser = argparse.ArgumentParser(prog="otel-tracking stack", description=__doc__.split("\n\n")[0], parents=[common])
+    parser = argparse.ArgumentParser(
+        prog="otel-tracking stack",
+        description="The local trace UI (Zipkin; `up --light`: nothing else) or the full stack: an OpenTelemetry "
+        "Collector, Zipkin, Prometheus and Jaeger's API, on 127.0.0.1.",
+        parents=[common],
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", parents=[common], help="build or reuse the binaries and start the stack detached")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each program")
