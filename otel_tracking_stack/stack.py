@@ -1019,7 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser = argparse.ArgumentParser(
         prog="otel-tracking stack",
-        description="The local trace UI (Zipkin; `up --light`: nothing else) or the full stack: an OpenTelemetry "
+        description="The local trace UI (Zipkin; up --light: nothing else) or the full stack: an OpenTelemetry "
         "Collector, Zipkin, Prometheus and Jaeger's API, on 127.0.0.1.",
         parents=[common],
     )

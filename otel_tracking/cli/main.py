@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stack = commands.add_parser(
         "stack",
-        help="a local trace UI: `stack up --light` (Zipkin, nothing to build), or the full stack: a collector, "
+        help="a local trace UI: stack up --light (Zipkin, nothing to build), or the full stack: a collector, "
         "Zipkin, Prometheus with a stall alert, Jaeger's API (up|down|status|build)",
         epilog="options: up [--light] [--free-ports] [--gateway] [--timeout S] [--state-dir DIR]; "
         "down|status [--state-dir DIR] (status exits 3 when a program is not healthy); build. "
