@@ -123,7 +123,11 @@ class DemoPlaces:
         if "wandb" in backends:
             hints.append(f"wandb leet {os.environ['WANDB_DIR']}/wandb/latest-run   # wandb's terminal viewer")
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-            hints.append("otel-tracking stack status   # the local stack's trace UI, Jaeger API and Prometheus URLs")
+            hints.append("otel-tracking stack status   # the local stack's trace UI URL (and Prometheus')")
+        else:
+            hints.append(
+                "otel-tracking stack up --light   # the trace UI (Zipkin); export what it prints, run the demo again"
+            )
         return hints
 
 

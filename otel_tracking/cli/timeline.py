@@ -5,11 +5,13 @@ training process's, and any other process's that wrote one) and the spans of OTL
 a collector's ``file`` exporter writes: the worker processes that export only over OTLP), and with
 ``--traces-url`` the run's spans the stack's trace UI (Zipkin) keeps, then keeps the
 spans of the chosen steps (a span's ``ml.step``, else the step of its trace's ``ml.step`` root), and
-writes two files:
+writes two files, beside the first file or in the first directory it was given unless ``--out``
+says where:
 
 * ``<out>.html``: one self-contained page (inline SVG, no script, nothing fetched) that a browser
-  opens offline: one row per lane (the training process's phases on top, then each role and rank,
-  each ``ml.lane``), nested spans stacked inside their row, the time between spans left empty
+  opens offline: each step's extent on top (its root span, ``ml.step``, drawn once there rather
+  than as a bar over the phases it holds), one row per lane (the training process's phases first, then each
+  role and rank, each ``ml.lane``), nested spans stacked inside their row, the time between spans left empty
   (idle), and each phase's straggler named: of the spans under one phase on several lanes, the one
   that ended last, and how much later than the median lane it ended;
 * ``<out>.json``: the same spans as Chrome trace events (complete ``X`` events, one process per
@@ -231,12 +233,17 @@ def _lane(resource: dict[str, Any], attributes: dict[str, Any]) -> tuple[str, st
     return process, "" if lane is None else str(lane)
 
 
+def is_step_root(span: Span) -> bool:
+    """The root span of a step's trace (``ml.step``), which the picture draws as the step's extent."""
+    return span.name == STEP_SPAN_NAME and not span.parent_id
+
+
 def select_steps(spans: Sequence[Span], first: int, last: int) -> list[Span]:
     chosen = [s for s in spans if s.step is not None and first <= s.step <= last]
     by_id = {s.span_id: s for s in chosen}
     for span in sorted(chosen, key=lambda s: s.start_ns):  # depth within its lane: its lane's ancestors
         parent = by_id.get(span.parent_id or "")
-        while parent is not None and parent.lane != span.lane:
+        while parent is not None and (parent.lane != span.lane or is_step_root(parent)):
             parent = by_id.get(parent.parent_id or "")
         span.depth = 0 if parent is None else parent.depth + 1
     return chosen
@@ -341,12 +348,18 @@ def chrome_trace(spans: Sequence[Span]) -> dict[str, Any]:
 # --- the picture --------------------------------------------------------------------------------
 
 _ROW_H, _LABEL_W, _PLOT_W, _BAR_H = 22, 220, 1000, 16
+_RIGHT_MARGIN = 40  # room for the last tick's label, which ends at the plot's right edge
+_STEPS_H = 20  # the strip on top that shows each step's extent
 _COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#bab0ac"]
 
 
 def svg(spans: Sequence[Span], found: Sequence[Straggler]) -> str:
     origin, end = min(s.start_ns for s in spans), max(s.end_ns for s in spans)
     scale = _PLOT_W / max(end - origin, 1)
+    roots = [s for s in spans if is_step_root(s)]
+    spans = [s for s in spans if not is_step_root(s)] or roots  # a step with no phase: its root alone
+    if spans is roots:
+        roots = []
     lanes = lanes_in_order(spans)
     depth = {lane: max(s.depth for s in spans if s.lane == lane) + 1 for lane in lanes}
     late = {f.span_id for f in found}
@@ -359,7 +372,19 @@ def svg(spans: Sequence[Span], found: Sequence[Straggler]) -> str:
         x = _LABEL_W + i * _PLOT_W / 10
         label = f"{total_s * factor * i / 10:.3g} {unit}"
         parts.append(f'<line x1="{x:.1f}" y1="18" x2="{x:.1f}" y2="100%" stroke="#eee"/>')
-        parts.append(f'<text x="{x:.1f}" y="12" font-size="10" text-anchor="middle">{label}</text>')
+        parts.append(f'<text class="tick" x="{x:.1f}" y="12" font-size="10" text-anchor="middle">{label}</text>')
+    if roots:  # each step's extent, once, above the lanes
+        parts.append(f'<text class="steps" x="4" y="{y + 14}" font-size="12">steps</text>')
+        for root in roots:
+            x = _LABEL_W + (root.start_ns - origin) * scale
+            width = max((root.end_ns - root.start_ns) * scale, 1.0)
+            title = f"step {root.step}: {(root.end_ns - root.start_ns) / 1e9:.3f} s (the step's root span)"
+            parts.append(
+                f'<rect class="step" x="{x:.1f}" y="{y + 4}" width="{width:.1f}" height="12" fill="none" '
+                f'stroke="#555"><title>{html.escape(title)}</title></rect>'
+            )
+            parts.append(f'<text x="{x + 3:.1f}" y="{y + 14}" font-size="10">step {root.step}</text>')
+        y += _STEPS_H
     for lane in lanes:
         height = depth[lane] * _ROW_H
         parts.append(
@@ -384,7 +409,7 @@ def svg(spans: Sequence[Span], found: Sequence[Straggler]) -> str:
                 )
         y += height
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _PLOT_W + 10}" height="{y + 10}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _PLOT_W + _RIGHT_MARGIN}" height="{y + 10}" '
         f'font-family="sans-serif">{"".join(parts)}</svg>'
     )
 
@@ -398,8 +423,8 @@ def page(spans: Sequence[Span], found: Sequence[Straggler], title: str) -> str:
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
         f"<body style='font-family:sans-serif'><h2>{html.escape(title)}</h2>"
-        f"<p>One row per lane; nested spans stacked inside it; empty space is idle time; a red outline is a "
-        f"phase's straggler.</p>{svg(spans, found)}<h3>Stragglers</h3><ul id='stragglers'>"
+        f"<p>Each step's extent on top; one row per lane; nested spans stacked inside it; empty space is idle "
+        f"time; a red outline is a phase's straggler.</p>{svg(spans, found)}<h3>Stragglers</h3><ul id='stragglers'>"
         f"{rows or '<li>none</li>'}</ul></body></html>"
     )
 
@@ -425,7 +450,7 @@ def main(
         say.write(f"otel-tracking timeline: no spans at steps {first}-{last} (steps found: {known[0]}-{known[-1]})\n")
         return 2
     found = stragglers(chosen)
-    base = Path(out) if out else Path(f"timeline-step{first}" + (f"-{last}" if last != first else ""))
+    base = Path(out) if out else _beside(paths) / (f"timeline-step{first}" + (f"-{last}" if last != first else ""))
     html_path, json_path = base.with_suffix(".html"), base.with_suffix(".json")
     title = f"steps {first}-{last}" if last != first else f"step {first}"
     html_path.write_text(page(chosen, found, f"otel-tracking timeline: {title}"))
@@ -435,6 +460,15 @@ def main(
         say.write(f"  straggler: step {f.step} {f.phase}: {lane_label(f.lane)}, +{f.lag_s:.3f} s after the median\n")
     say.write(f"  {html_path} (open in a browser)\n  {json_path} (Perfetto, chrome://tracing)\n")
     return 0
+
+
+def _beside(paths: list[str]) -> Path:
+    """Where the files go without ``--out``: beside the first input file, in the first input
+    directory, or (no path given) in the working directory."""
+    if not paths:
+        return Path.cwd()
+    first = Path(paths[0])
+    return first if first.is_dir() else first.parent
 
 
 def _step_range(steps: str | None, known: list[int]) -> tuple[int, int]:
