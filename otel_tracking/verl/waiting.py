@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_tracking.compat import verl_internals
 from otel_tracking.runtime.stall_report import MAX_LISTED, Waiting
 
 # Actor states (Ray's ActorTableData.ActorState) of an actor whose creation has not finished: its
@@ -52,8 +53,7 @@ def remember(group: Any, worker: Any, ref: Any) -> None:
     if not span.is_recording() or not isinstance(ref, ray.ObjectRef):
         return
     forget_ended()
-    workers = list(getattr(group, "_workers", None) or getattr(group, "workers", None) or ())
-    rank = next((i for i, w in enumerate(workers) if w is worker), -1)
+    rank, _ = verl_internals.rank_in_group(group, worker)
     key = span.get_span_context().span_id
     around = None if key in _sent else _around(span)  # once per driver span
     with _lock:
