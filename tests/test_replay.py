@@ -75,7 +75,7 @@ def test_damaged_records_are_skipped_and_named_and_everything_else_arrives(isola
     assert f"{damaged_path}: damaged record at byte {middle} skipped (checksum mismatch)" in done.stderr
     assert f"{damaged_path}: 38/40 records delivered (38/38 items), 2 damaged record(s) skipped" in done.stderr
     assert f"{intact_path}: 40/40 records delivered (40/40 items)" in done.stderr
-    assert not intact_path.exists() and intact_path.with_name("otlp-traces.jsonl.replayed").exists()
+    assert list(intact_path.parent.iterdir()) == [], "a log delivered in full is removed, its position with it"
 
 
 def test_an_empty_spool_file_is_nothing_to_replay_not_an_error(isolated: Path) -> None:
@@ -93,17 +93,29 @@ def test_an_empty_spool_file_is_nothing_to_replay_not_an_error(isolated: Path) -
     assert empty.exists(), "not renamed: a writer that just created it would go on writing to the renamed file"
 
 
-def test_a_file_still_being_written_is_left_alone(isolated: Path) -> None:
+def test_a_file_still_being_written_is_delivered_to_its_end_and_left_for_the_next_replay(isolated: Path) -> None:
+    """A running run's spool log (its writer holds it open): what it holds so far is delivered,
+    the log stays with its position, and the exit code says something is left (it was 0, and
+    ``replay && rm -rf spool`` deleted what the run appended later).  Once the writer is gone,
+    the next replay delivers only what came since and removes the log."""
     busy = _spool(isolated / "busy" / "otlp-traces.jsonl", "busy", 3)  # open: a running run's spool
     with HttpReceiver() as receiver:
         done = _replay(receiver, isolated / "busy")
-    assert "still being written by a running process; skipped" in done.stderr
-    assert busy.path.exists() and receiver.received.spans() == []
-    busy.close()
-    with HttpReceiver() as receiver:
-        done = _replay(receiver, isolated / "busy")
-        assert done.returncode == 0, done.stderr
-        wait_for(lambda: len(receiver.received.spans()) == 3, what="3 spans once the writer closed it")
+        assert done.returncode == 75, done.stderr
+        assert f"{busy.path}: 3/3 records delivered (3/3 items); a running process still writes it" in done.stderr
+        assert "1 file(s) still being written by a running process, left for the next replay" in done.stderr
+        wait_for(lambda: len(receiver.received.spans()) == 3, what="the 3 spans written so far")
+        assert busy.path.exists() and busy.path.with_name("otlp-traces.jsonl.pos").exists()
+        again = _replay(receiver, isolated / "busy")
+        assert again.returncode == 75, again.stderr
+        assert "nothing new; a running process still writes it" in again.stderr
+        _spool(busy.path, "later", 2).close()  # the run goes on appending (another writer of it)
+        busy.close()
+        final = _replay(receiver, isolated / "busy")
+        assert final.returncode == 0, final.stderr
+        names = wait_for(lambda: len(receiver.received.spans()) == 5 and receiver.received.spans(), what="5 spans")
+    assert sorted(span["name"] for span in names) == ["busy-0", "busy-1", "busy-2", "later-0", "later-1"]
+    assert list(busy.path.parent.iterdir()) == []
 
 
 def test_a_path_that_does_not_exist_is_an_error(isolated: Path) -> None:
@@ -135,7 +147,7 @@ def test_the_progress_bar_fills_with_what_was_delivered(isolated: Path, monkeypa
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_TRACKING_MAX_ATTEMPTS", "1")
     down = _Terminal()
-    assert replay.main([str(path)], out=down) == 1
+    assert replay.main([str(path)], out=down) == 75, "something is left for the next replay"
     empty = "." * 30
     assert _bar_frames(down.getvalue()) == [
         f"otlp-traces <- otlp-traces.jsonl [{empty}] 0/2 delivered, 1 not",
@@ -172,7 +184,7 @@ def test_replay_with_the_endpoint_down_prints_lines_and_a_summary_when_not_a_ter
         text=True,
         timeout=120,
     )
-    assert done.returncode == 1
+    assert done.returncode == 75
     assert "\r" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if "is not reachable now" not in line]
     where = f"OTLP http/protobuf -> {endpoint} (traces, metrics, logs)"
@@ -191,14 +203,16 @@ def test_replay_with_the_endpoint_down_prints_lines_and_a_summary_when_not_a_ter
 
 
 def test_a_file_replayed_already_is_refused(isolated: Path) -> None:
-    """``replay x.jsonl.replayed`` sent everything again and exited 0: now one line says why not
-    and how to do it on purpose, exit code 1, and nothing is sent."""
+    """``replay x.jsonl.replayed`` (an older release renamed a log it delivered in full so) sent
+    everything again and exited 0: now one line says why not and how to do it on purpose, exit
+    code 1, and nothing is sent."""
     path = isolated / "run" / "otlp-traces.jsonl"
     _spool(path, "r", 2).close()
     with HttpReceiver() as receiver:
         assert _replay(receiver, path).returncode == 0
         wait_for(lambda: len(receiver.received.spans()) == 2, what="2 spans")
         replayed = path.with_name("otlp-traces.jsonl.replayed")
+        _spool(replayed, "r", 2).close()
         again = _replay(receiver, replayed)
         assert again.returncode == 1
         assert again.stderr == (
