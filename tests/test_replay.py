@@ -5,6 +5,7 @@ alone, and the other files go on."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -412,4 +413,79 @@ def test_replay_goes_through_the_sinks_queue_in_bulk_and_retries_there(
     client = readers_mlflow.client(uri)
     run = readers_mlflow.only_run(client, client.get_experiment_by_name("p").experiment_id)
     expected = sorted([("loss", s, s / 10) for s in range(steps)] + [("lr", s, 1e-3) for s in range(steps)])
+    assert sorted(readers_mlflow.metric_triples(client, run.info.run_id)) == expected
+
+
+def test_the_exit_code_of_something_left_is_in_replays_help() -> None:
+    """``--help`` (and the CLI reference, generated from the same parser) says what 75 means."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "replay", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert "Exit code 0 only when everything was delivered and nothing is left to deliver" in shown.stdout
+    assert "75 when something is left for a later replay: a file a running process still writes" in shown.stdout
+
+
+@pytest.mark.backend  # MLflow: not in the floor venv, which has no tracker extras
+def test_a_replay_mlflow_refuses_midway_leaves_only_what_did_not_land_and_the_next_sends_each_point_once(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow goes away midway through a group of steps: its first request landed (some keys of
+    each step), the next did not, and the steps behind were never tried.  Nothing goes to a second
+    file: the position stays before the first step not delivered in full and notes what of each
+    step is left.  The next replay sends only that, into the same run (the spool named none: the
+    first replay made it): each (key, step) reaches MLflow once."""
+    from mlflow.tracking import MlflowClient
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_tracking.delivery import replay
+    from otel_tracking.signals.steps import StepBatch
+    from tests import readers_mlflow
+
+    uri = f"sqlite:///{isolated / 'mlflow.db'}"
+    path = isolated / "spool" / "p" / "e-r1" / "mlflow.jsonl"
+    header = {"sink": "mlflow", "project": "p", "experiment": "e", "run_id": "r1", "pid": 1}
+    spool = Spool(path, {**header, "destination": {"MLFLOW_TRACKING_URI": uri}})
+    steps, keys = 300, [f"k{k:02d}" for k in range(60)]  # 16 steps fill a request of 1,000 metrics
+    for step in range(steps):
+        values = {key: step + k / 10 for k, key in enumerate(keys)}
+        spool.write("metrics", StepBatch(Resource.create({}), step, values, {}, 1 + step))
+    spool.close()
+    landed: list[tuple[str, int]] = []
+    big: list[int] = []
+    real = MlflowClient.log_batch
+    down = True
+
+    def gone_midway(self: MlflowClient, run_id: str, metrics: Any = (), **kwargs: Any) -> Any:
+        if down and big:  # gone after the first full request: the rest of its group does not land
+            raise ConnectionError("gone")
+        answer = real(self, run_id, metrics=metrics, **kwargs)
+        if len(metrics) >= 1000:
+            big.append(len(metrics))
+        landed.extend((m.key, m.step) for m in metrics)
+        return answer
+
+    monkeypatch.setattr(MlflowClient, "log_batch", gone_midway)
+    monkeypatch.setenv("OTEL_TRACKING_MAX_ATTEMPTS", "1")
+    first = io.StringIO()
+    assert replay.main([str(path)], out=first) == 75, first.getvalue()
+    assert "not delivered: kept for the next replay" in first.getvalue()
+    assert sorted(path.parent.iterdir()) == [path, path.with_name("mlflow.jsonl.pos")], "no second file"
+    position = json.loads(path.with_name("mlflow.jsonl.pos").read_text())
+    assert any(state == "rest" for _, _, state, _ in position["after"]), "steps that landed in part"
+    partly = {step for _, step in landed} - {step for step in range(steps) if all((k, step) in landed for k in keys)}
+    assert partly, "the first replay left steps of which some keys landed"
+
+    down = False
+    second = io.StringIO()
+    assert replay.main([str(path)], out=second) == 0, second.getvalue()
+    assert list(path.parent.iterdir()) == []
+    twice = [point for point in set(landed) if landed.count(point) > 1]
+    assert not twice, f"sent twice: {sorted(twice)[:5]}"
+    client = readers_mlflow.client(uri)
+    run = readers_mlflow.only_run(client, client.get_experiment_by_name("p").experiment_id)
+    expected = sorted((key, s, s + k / 10) for s in range(steps) for k, key in enumerate(keys))
     assert sorted(readers_mlflow.metric_triples(client, run.info.run_id)) == expected

@@ -200,6 +200,7 @@ def _in_doubt(path: Path) -> list[str]:
 @example(ops=[("append", 5), ("close",), ("replay", 20, None), ("replay", 0, None)])  # a writer opens it meanwhile
 @example(ops=[("append", 3), ("tear", 0.5, True), ("append", 2)])  # a torn record, a whole one glued on
 @example(ops=[("append", 40), ("replay", 5, 3), ("replay", 5, None)])  # killed with records on their way
+@example(ops=[("append", 2), ("tear", 0.4, False), ("replay", 3, None), ("close",)])  # a torn tail, the writer on
 def test_replays_beside_a_live_writer_deliver_every_whole_record_at_most_once_and_lose_none(ops: list[Any]) -> None:
     """Model: any interleaving of appends by a live writer, torn records (alone, or with a whole
     one glued on), the writer closing, and replays during which the writer appends, each killed

@@ -453,7 +453,8 @@ def _replay_log(path: Path, out: TextIO, env: Mapping[str, str] | None, interrup
             out.write(f"{path}: every record was delivered already; removed\n")
             return _counts(skipped=1, in_doubt=in_doubt)
     ended = _end_record(path)
-    if position.resume and not header.get("resume"):  # the run an earlier replay of this log made
+    names_no_run = not header.get("resume")  # its tracker never opened in the run
+    if position.resume and names_no_run:  # the run an earlier replay of this log made
         header = {**header, "resume": position.resume}
     if ended is not None:  # the run ended without its tracker: replay ends the backend's run
         header = {**header, "resume": {**(header.get("resume") or {}), "end_run": True}}
@@ -462,12 +463,12 @@ def _replay_log(path: Path, out: TextIO, env: Mapping[str, str] | None, interrup
     if sink.metrics is None and sink.spans is None and sink.logs is None:  # it could not open
         out.write(f"{path}: not replayed (the backend did not open); kept for the next replay\n")
         return _counts(left=1, skipped=1, in_doubt=in_doubt)
-    if not header.get("resume") and sink.resume:  # the next replay of this log goes on into this run
+    if names_no_run and not position.resume and sink.resume:  # the next replay of this log goes on into this run
         position.resume = sink.resume
         position.save()
     done_before, total = _records_in(path, position.offset)
     if position.resumed:
-        out.write(f"{path}: going on after record {done_before} (an earlier replay was stopped there)\n")
+        out.write(f"{path}: going on after record {done_before} (where an earlier replay left it)\n")
     progress = Progress(total - (ended is not None), f"{header['sink']} <- {path.name}", out)
     counts = _counts(in_doubt=in_doubt)
     window = _Window(position, counts, progress)
@@ -496,7 +497,8 @@ def _replay_log(path: Path, out: TextIO, env: Mapping[str, str] | None, interrup
     sink.finish(0 if ended is None else ended)
     if state == "interrupted":
         counts["interrupted"] = 1
-        progress.say(f"{path}: interrupted; the next replay goes on after record {done_before + counts['delivered']}")
+        done_now, _ = _records_in(path, position.offset)
+        progress.say(f"{path}: interrupted; the next replay goes on after record {done_now}")
     counts["writing"] = int(state == "writing")
     return counts
 

@@ -175,36 +175,39 @@ def read_frames(path: Path, start: int | None = None) -> tuple[dict[str, Any], I
 
     def frames() -> Iterator[Frame]:
         with handle:
-            offset = handle.tell()
+            start = offset = handle.tell()  # blank lines belong to the record after them
             for line in iter(handle.readline, b""):
                 at, offset = offset, offset + len(line)
                 if not line.strip():
                     continue
-                yield from _frames_of(path, at, line)
+                for found in _frames_of(path, start, at, line):
+                    yield found
+                    start = offset  # (a second writer's header, no record, belongs to the next one too)
 
     return header, frames()
 
 
-def _frames_of(path: Path, at: int, line: bytes) -> Iterator[Frame]:
-    """The records of one line: one, or (a torn record with the next one glued to it) the torn
-    part, damaged, and the whole record found after it."""
+def _frames_of(path: Path, start: int, at: int, line: bytes) -> Iterator[Frame]:
+    """The records of the line at ``at`` (``start``: where the blank lines before it begin): one,
+    or (a torn record with the next one glued to it) the torn part, damaged, and the whole record
+    found after it.  Frames are contiguous, so a reader's position always falls on one's start."""
     end = at + len(line)
     entry = unframe(line)
     if isinstance(entry, str) and entry != CUT_SHORT:
         found = _glued(line)
         if found is not None:
             cut, entry_after = found
-            yield Frame(at, at + cut, Damaged(path, at, "cut short (the next record was appended to it)"))
-            at, entry = at + cut, entry_after
+            yield Frame(start, at + cut, Damaged(path, at, "cut short (the next record was appended to it)"))
+            start, at, entry = at + cut, at + cut, entry_after
     if isinstance(entry, str):
-        yield Frame(at, end, Damaged(path, at, entry))
+        yield Frame(start, end, Damaged(path, at, entry))
         return
     if "header" in entry:  # a second writer's, written while the file looked empty to both
         return
     try:
-        yield Frame(at, end, (entry["kind"], DECODERS[entry["kind"]](entry["data"])))
+        yield Frame(start, end, (entry["kind"], DECODERS[entry["kind"]](entry["data"])))
     except Exception as error:  # a record that parses but does not decode
-        yield Frame(at, end, Damaged(path, at, f"undecodable {type(error).__name__}: {error}"))
+        yield Frame(start, end, Damaged(path, at, f"undecodable {type(error).__name__}: {error}"))
 
 
 _FRAME_START = re.compile(rb"[0-9a-f]{8} \{")
