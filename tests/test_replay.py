@@ -489,3 +489,76 @@ def test_a_replay_mlflow_refuses_midway_leaves_only_what_did_not_land_and_the_ne
     run = readers_mlflow.only_run(client, client.get_experiment_by_name("p").experiment_id)
     expected = sorted((key, s, s + k / 10) for s in range(steps) for k, key in enumerate(keys))
     assert sorted(readers_mlflow.metric_triples(client, run.info.run_id)) == expected
+
+
+def test_an_older_releases_interrupted_replay_is_carried_over(isolated: Path) -> None:
+    """An older release's replay, stopped, left ``<file>.position`` (inode, offset of the first
+    record not settled, length of its ``.retry`` file, in flight, where the flight ended) and
+    ``<file>.retry`` (what the backend refused, then a record it had begun to write again).  This
+    release delivers what the retry file held up to that length, then the log from that offset:
+    nothing twice, nothing lost, and no file of either left."""
+    run = isolated / "run"
+    path = run / "otlp-traces.jsonl"
+    _spool(path, "log", 5).close()
+    lines = path.read_bytes().splitlines(keepends=True)
+    offset = sum(len(line) for line in lines[:4])  # the header and records 0-2 were settled
+    retry = _spool(run / "otlp-traces.jsonl.retry", "refused", 1)  # record 1 was refused
+    retry.close()
+    length = retry.path.stat().st_size
+    _spool(retry.path, "written-again", 1).close()  # past the length the position names: not to send
+    position = run / "otlp-traces.jsonl.position"
+    position.write_text(f"{path.stat().st_ino:020d} {offset:020d} {length:020d} 0 {0:020d}\n")
+    with HttpReceiver() as receiver:
+        done = _replay(receiver, run)
+        assert done.returncode == 0, done.stderr
+        names = wait_for(lambda: len(receiver.received.spans()) >= 3 and receiver.received.spans(), what="3 spans")
+    assert sorted(span["name"] for span in names) == ["log-3", "log-4", "refused-0"]
+    assert list(run.iterdir()) == []
+
+
+def test_records_a_killed_replay_had_on_their_way_are_set_aside_and_can_be_replayed_by_name(isolated: Path) -> None:
+    """The position says two records were on their way when replay was killed: the next replay
+    does not send them (they may have arrived), copies them to ``<file>.in-doubt``, a spool file
+    of its own, delivers the rest and exits 75; replaying that file by name delivers them."""
+    from otel_tracking.delivery.position import LogPosition, log_id
+    from otel_tracking.delivery.spool import read_header
+
+    run = isolated / "run"
+    path = run / "otlp-traces.jsonl"
+    _spool(path, "r", 5).close()
+    _, header_line = read_header(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    first, third = len(lines[0]), sum(len(line) for line in lines[:3])
+    LogPosition(run / "otlp-traces.jsonl.pos", log_id(path, header_line), first, third).save()
+    doubt = run / "otlp-traces.jsonl.in-doubt"
+    with HttpReceiver() as receiver:
+        done = _replay(receiver, run)
+        assert done.returncode == 75, done.stderr
+        assert "a replay was killed while 2 record(s) were on their way" in done.stderr
+        assert f"{path}: 3/3 records delivered (3/3 items), 2 set aside in doubt (*.in-doubt)" in done.stderr
+        assert sorted(p.name for p in run.iterdir()) == [doubt.name]
+        wait_for(lambda: len(receiver.received.spans()) == 3, what="3 spans")
+        by_name = _replay(receiver, doubt)
+        assert by_name.returncode == 0, by_name.stderr
+        names = wait_for(lambda: len(receiver.received.spans()) == 5 and receiver.received.spans(), what="5 spans")
+    assert sorted(span["name"] for span in names) == [f"r-{i}" for i in range(5)]
+    assert list(run.iterdir()) == []
+
+
+def test_two_replays_of_one_run_take_turns(isolated: Path) -> None:
+    """A replay while another holds the run's directory leaves its files to that one (exit 75)."""
+    import fcntl
+
+    run = isolated / "run"
+    _spool(run / "otlp-traces.jsonl", "r", 2).close()
+    other = os.open(run, os.O_RDONLY)  # another replay's turn
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        with HttpReceiver() as receiver:
+            done = _replay(receiver, run)
+            assert done.returncode == 75, done.stderr
+            assert "another replay is delivering this run's logs right now; left to it" in done.stderr
+            assert receiver.received.spans() == []
+    finally:
+        os.close(other)
+    assert (run / "otlp-traces.jsonl").exists()

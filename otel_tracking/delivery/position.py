@@ -110,6 +110,7 @@ class LogPosition:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+        self.path.with_name(self.path.name + ".new").unlink(missing_ok=True)  # a save a kill cut short
 
     def set_aside_in_doubt(self, log: Path, header_line: bytes) -> int:
         """Copy the records a killed replay had on its way to ``<log>.in-doubt``, count them as

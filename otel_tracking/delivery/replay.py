@@ -480,20 +480,17 @@ def _replay_log(path: Path, out: TextIO, env: Mapping[str, str] | None, interrup
         f"replay-{sink.name}", window.guard(sink.deliver), sink.count, None, policy, done=window.settled,
         set_aside=window.keep, deliver_many=window.guard_many(sink.deliver_many),
     )  # fmt: skip
+    # A second Ctrl-C (KeyboardInterrupt) leaves from the middle of this: what is on its way is in
+    # doubt at the next replay.
     state = "grown"
-    try:
-        # A second Ctrl-C (KeyboardInterrupt) leaves from the middle of this: what is on its way is
-        # in doubt at the next replay.
-        while state == "grown":
-            before = position.offset
-            state = _deliver_pass(path, sink, queue, window, interrupt)
-            if state == "delivered":
-                state = _remove_if_delivered(path, position)
-                if state == "grown" and position.offset == before:
-                    state = "writing"  # nothing came of another pass: leave the rest to the next replay
-    finally:
-        _settle_all(queue)
-        queue.stop(settings.finish_timeout_s)
+    while state == "grown":  # records came while it delivered, from a writer gone since: once more
+        before = position.offset
+        state = _deliver_pass(path, sink, queue, window, interrupt)
+        if state == "delivered":
+            state = _remove_if_delivered(path, position)
+            if state == "grown" and position.offset == before:
+                state = "writing"  # nothing came of another pass: leave the rest to the next replay
+    queue.stop(settings.finish_timeout_s)
     sink.finish(0 if ended is None else ended)
     if state == "interrupted":
         counts["interrupted"] = 1
