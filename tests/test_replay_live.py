@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
@@ -264,3 +265,42 @@ def test_replays_beside_a_live_writer_deliver_every_whole_record_at_most_once_an
         if log.path.parent.exists():
             leftovers = {p.name for p in log.path.parent.iterdir()} - {log.path.name + ".in-doubt"}
             assert not leftovers, f"left in files no replay reads: {leftovers}"
+
+
+def test_a_writer_opening_the_log_while_replay_removes_it_writes_to_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay removes a delivered log under an exclusive lock.  A writer that opened the old file
+    in that instant waits for the lock, sees the file gone, and writes to a new log at the path
+    (it wrote into the removed file, whose records no replay would read)."""
+    import fcntl
+    import threading
+
+    from otel_tracking.delivery import spool as spool_module
+
+    path = tmp_path / "spool" / "otlp-traces.jsonl"
+    Spool(path, {"sink": "otlp-traces"}).end(0)  # a log, delivered in full
+    replay_side = os.open(path, os.O_RDONLY)
+    fcntl.flock(replay_side, fcntl.LOCK_EX)  # replay, about to remove it
+    refused = threading.Event()
+    real_flock = fcntl.flock
+
+    def flock(fd: int, operation: int) -> None:  # the real lock; the test hears when it was refused
+        try:
+            real_flock(fd, operation)
+        except BlockingIOError:
+            refused.set()
+            raise
+
+    monkeypatch.setattr(spool_module.fcntl, "flock", flock)
+    writer = Spool(path, {"sink": "otlp-traces", "project": "p", "experiment": "e", "run_id": "r1"})
+    wrote = threading.Thread(target=writer.write, args=("spans", [_span("after")]))
+    wrote.start()
+    assert refused.wait(30), "the writer opened the old file and asked for its lock"
+    os.unlink(path)
+    os.close(replay_side)  # the lock goes with it
+    wrote.join(30)
+    writer.close()
+    header, records = read_spool(path)
+    assert header["sink"] == "otlp-traces"
+    assert [span.name for _, spans in records for span in spans] == ["after"]
