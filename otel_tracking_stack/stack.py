@@ -8,7 +8,7 @@ Real programs on the loopback interface, no containers:
 - ``jaeger``: ``github.com/jaegertracing/jaeger/cmd/jaeger`` built with ``go build``, run with
   ``deploy/jaeger/config.yaml`` (in-memory storage, OTLP in, HTTP query API out);
 - ``zipkin``: Zipkin's executable jar (``io.zipkin:zipkin-server``, fetched from Maven Central
-  with ``mvn dependency:copy``), run with Debian's Java, in-memory storage and a bounded heap: the
+  by its coordinates), run with Debian's Java, in-memory storage and a bounded heap: the
   stack's trace UI, a waterfall per trace in the browser.  It has no OTLP intake, so the collector
   sends traces as OTLP/JSON to ``trace_ui_relay`` (``zipkin_relay.py``), which posts them to Zipkin;
 - ``prometheus``: Debian's ``/usr/bin/prometheus`` with a generated config that scrapes the
@@ -71,6 +71,7 @@ JAEGER_MODULE = "github.com/jaegertracing/jaeger"
 JAEGER_VERSION = "v1.76.0"
 ZIPKIN_ARTIFACT = "io.zipkin:zipkin-server"
 ZIPKIN_VERSION = "3.6.1"
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 ZIPKIN_HEAP = "256m"  # Zipkin's memory stays bounded: its heap, and MEM_MAX_SPANS spans kept
 ZIPKIN_MAX_SPANS = "200000"
 HOST = "127.0.0.1"
@@ -90,6 +91,9 @@ STALL_RULES = STACK_FILES / "deploy" / "prometheus" / "stall-rules.yaml"  # the 
 
 # In start order; Zipkin starts first and is waited for last (its JVM takes ~20 s to come up).
 PROCESS_NAMES = ("zipkin", "jaeger", "trace_ui_relay", "collector", "prometheus")
+# `up --light`: the trace UI alone.  The relay takes the library's OTLP/HTTP itself, on the
+# collector's port: nothing to build, only Zipkin's jar to fetch.
+LIGHT_PROCESS_NAMES = ("zipkin", "trace_ui_relay")
 
 
 # --------------------------------------------------------------------------- binaries
@@ -251,33 +255,37 @@ def build_jaeger(bin_root: Path | None = None, version: str = JAEGER_VERSION) ->
 
 
 def fetch_zipkin(bin_root: Path | None = None, version: str = ZIPKIN_VERSION) -> Path:
-    """Zipkin's executable jar from Maven Central (with Maven), or the cached one."""
+    """Zipkin's executable jar from Maven Central (by its coordinates, checked against the
+    repository's SHA-1), or the cached one.  Plain HTTPS: no Maven needed."""
     bin_root = bin_root or cache_dir() / "bin"
     out_dir = bin_root / f"zipkin-{version}"
     jar = out_dir / f"zipkin-server-{version}-exec.jar"
     if jar.exists():
         return jar
-    mvn = shutil.which("mvn")
-    if not mvn:
-        raise StackError("Maven (`mvn`) is needed to fetch Zipkin's jar from Maven Central, but it is not on PATH")
     with _lock(bin_root / ".zipkin.lock"):
         if jar.exists():
             return jar
         out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir / "download"
-        _log(f"fetching {ZIPKIN_ARTIFACT}:{version} (exec jar, ~130 MB) from Maven Central")
+        group, artifact = ZIPKIN_ARTIFACT.split(":")
+        url = f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{jar.name}"
+        _log(f"fetching {ZIPKIN_ARTIFACT}:{version} (exec jar, ~130 MB) from {url}")
         start = time.monotonic()
-        _run_logged(
-            [
-                mvn, "--batch-mode", "--quiet", "dependency:copy",
-                f"-Dartifact={ZIPKIN_ARTIFACT}:{version}:jar:exec", f"-DoutputDirectory={tmp}",
-            ],
-            cwd=out_dir,
-            log=out_dir / "fetch.log",
-            env=os.environ,
-        )
-        os.replace(tmp / jar.name, jar)
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = out_dir / (jar.name + ".download")
+        digest = hashlib.sha1()  # Maven Central publishes SHA-1 checksums
+        try:
+            with urllib.request.urlopen(url + ".sha1", timeout=60) as response:
+                expected = response.read().decode().split()[0].strip().lower()
+            with urllib.request.urlopen(url, timeout=60) as response, tmp.open("wb") as out:
+                while chunk := response.read(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except (OSError, ValueError) as err:
+            tmp.unlink(missing_ok=True)
+            raise StackError(f"cannot fetch {url}: {err}") from err
+        if digest.hexdigest() != expected:
+            tmp.unlink(missing_ok=True)
+            raise StackError(f"{url}: SHA-1 {digest.hexdigest()}, Maven Central says {expected}")
+        os.replace(tmp, jar)
         _log(f"fetched {jar} in {time.monotonic() - start:.0f} s")
     return jar
 
@@ -318,6 +326,11 @@ def config_files() -> dict[str, Path]:
         "agent-config": AGENT_CONFIG,
         "manifest": COLLECTOR_MANIFEST,
     }
+
+
+def ensure_light_binaries() -> dict[str, Path]:
+    """What ``up --light`` runs: Zipkin's jar (fetched once) and ``java``; ``{"zipkin", "java"}``."""
+    return {"zipkin": fetch_zipkin(), "java": find_java()}
 
 
 def ensure_binaries() -> dict[str, Path]:
@@ -493,7 +506,10 @@ class _OtlpReceiver:
 
 
 class Stack(_OtlpReceiver):
-    """The three programs, started as subprocesses with logs and pid files in ``workdir``.
+    """The programs, started as subprocesses with logs and pid files in ``workdir``.
+
+    ``light``: only Zipkin and the relay, which then takes OTLP/HTTP from the library on
+    ``ports.otlp_http`` itself (traces to Zipkin; metrics and logs are answered and dropped).
 
     >>> with Stack(tmp_path, Ports.free()) as stack:
     ...     print(stack.prometheus_url, stack.jaeger_url)
@@ -511,8 +527,11 @@ class Stack(_OtlpReceiver):
         spanmetrics_flush: str = "5s",
         startup_timeout: float = 60.0,
         collector_host: str = HOST,
+        light: bool = False,
     ) -> None:
         self.workdir = Path(workdir).resolve()
+        self.light = light
+        self.programs = LIGHT_PROCESS_NAMES if light else PROCESS_NAMES
         if ports is None:
             ports = Ports()
         elif not isinstance(ports, Ports):
@@ -557,7 +576,17 @@ class Stack(_OtlpReceiver):
     def prom_exporter_url(self) -> str:
         return f"http://{HOST}:{self.ports.prom_exporter}/metrics"
 
+    @property
+    def relay_port(self) -> int:
+        """Where the trace UI's relay listens: the OTLP/HTTP port itself in a light stack."""
+        return self.ports.otlp_http if self.light else self.ports.trace_ui_relay
+
     def endpoints(self) -> dict[str, str]:
+        if self.light:
+            return {
+                "otlp_http": self.otlp_http_endpoint + "  (traces; metrics and logs are dropped)",
+                "trace_ui": self.trace_ui_url,
+            }
         return {
             "otlp_http": self.otlp_http_endpoint,
             "otlp_grpc": self.otlp_grpc_endpoint,
@@ -571,6 +600,12 @@ class Stack(_OtlpReceiver):
 
     def client_env(self) -> dict[str, str]:
         """Environment variables that point an OTel SDK (and otel_tracking) at this stack."""
+        if self.light:
+            return {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_http_endpoint,
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_TRACKING_TRACES_URL": self.trace_ui_url,
+            }
         return {
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_http_endpoint,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -633,10 +668,20 @@ class Stack(_OtlpReceiver):
         )
         return cfg
 
-    def _commands(self, binaries: Mapping[str, Path]) -> dict[str, list[str]]:
+    def _command(self, name: str, binaries: Mapping[str, Path]) -> list[str]:
+        if name == "jaeger":
+            return [str(binaries["jaeger"]), "--config", str(self.jaeger_config)]
+        if name == "collector":
+            return [str(binaries["collector"]), "--config", str(self.collector_config)]
+        if name == "prometheus":
+            return [
+                str(binaries["prometheus"]),
+                f"--config.file={self._prometheus_config()}",
+                f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
+                "--storage.tsdb.retention.time=2d",
+                f"--web.listen-address={HOST}:{self.ports.prometheus}",
+            ]
         return {
-            "jaeger": [str(binaries["jaeger"]), "--config", str(self.jaeger_config)],
-            "collector": [str(binaries["collector"]), "--config", str(self.collector_config)],
             "zipkin": [
                 str(binaries["java"]), f"-Xmx{ZIPKIN_HEAP}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                 "-jar", str(binaries["zipkin"]),
@@ -646,16 +691,9 @@ class Stack(_OtlpReceiver):
             ],
             "trace_ui_relay": [
                 sys.executable, "-m", "otel_tracking_stack.zipkin_relay",
-                "--host", HOST, "--port", str(self.ports.trace_ui_relay), "--zipkin", f"http://{HOST}:{self.ports.zipkin}",
+                "--host", HOST, "--port", str(self.relay_port), "--zipkin", f"http://{HOST}:{self.ports.zipkin}",
             ],
-            "prometheus": [
-                str(binaries["prometheus"]),
-                f"--config.file={self._prometheus_config()}",
-                f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
-                "--storage.tsdb.retention.time=2d",
-                f"--web.listen-address={HOST}:{self.ports.prometheus}",
-            ],
-        }
+        }[name]
 
     def _health_urls(self) -> dict[str, str]:
         return {
@@ -663,30 +701,37 @@ class Stack(_OtlpReceiver):
             "collector": f"http://{HOST}:{self.ports.collector_health}/",
             "prometheus": f"{self.prometheus_url}/-/ready",
             "zipkin": f"http://{HOST}:{self.ports.zipkin}/health",
-            "trace_ui_relay": f"http://{HOST}:{self.ports.trace_ui_relay}/health",
+            "trace_ui_relay": f"http://{HOST}:{self.relay_port}/health",
         }
 
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> Stack:
-        """Start Zipkin, Jaeger, the relay, the collector and Prometheus; wait until each is healthy
-        (Zipkin last: its JVM starts while the others do)."""
-        for name in PROCESS_NAMES:
+        """Start Zipkin, Jaeger, the relay, the collector and Prometheus (a light stack: Zipkin and
+        the relay); wait until each is healthy (Zipkin last: its JVM starts while the others do)."""
+        for name in self.programs:
             pid = self._read_pid(name)
             if pid is not None and _pid_alive(pid):
                 raise StackError(f"{name} already runs from {self.workdir} (pid {pid})")
-        for path in (self.collector_config, self.jaeger_config):
+        for path in () if self.light else (self.collector_config, self.jaeger_config):
             if not path.exists():
                 raise StackError(f"config file missing: {path}")
-        binaries = self.binaries or ensure_binaries()
+        binaries = self.binaries or (ensure_light_binaries() if self.light else ensure_binaries())
         for d in (self.workdir, self.targets_dir, self.log_dir, self.pid_dir):
             d.mkdir(parents=True, exist_ok=True)
         (self.workdir / "stack.json").write_text(
-            json.dumps({"ports": self.ports.as_dict(), "binaries": {k: str(v) for k, v in binaries.items()}}, indent=2)
+            json.dumps(
+                {
+                    "ports": self.ports.as_dict(),
+                    "binaries": {k: str(v) for k, v in binaries.items()},
+                    "light": self.light,
+                },
+                indent=2,
+            )
         )
         self._started_binaries = dict(binaries)
         try:
-            for name in PROCESS_NAMES:
+            for name in self.programs:
                 self.start_program(name, wait=name != "zipkin")
             self._wait_program("zipkin")
         except BaseException:
@@ -700,7 +745,7 @@ class Stack(_OtlpReceiver):
         if not self._started_binaries:
             raise StackError("start() the stack first")
         env = self.program_env(name)
-        proc = _spawn(self._commands(self._started_binaries)[name], self.workdir, env, self.log_dir / f"{name}.log")
+        proc = _spawn(self._command(name, self._started_binaries), self.workdir, env, self.log_dir / f"{name}.log")
         self._procs[name] = proc
         (self.pid_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
         if wait:
@@ -732,7 +777,7 @@ class Stack(_OtlpReceiver):
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM each program by pid, in the reverse of the start order, SIGKILL after ``timeout``."""
-        for name in reversed(PROCESS_NAMES):
+        for name in reversed(self.programs):
             self.stop_program(name, timeout)
 
     def stop_program(self, name: str, timeout: float = 10.0) -> None:
@@ -766,7 +811,7 @@ class Stack(_OtlpReceiver):
         """Per program: pid, whether it runs, whether its health endpoint answers 200."""
         out: dict[str, dict[str, Any]] = {}
         health = self._health_urls()
-        for name in PROCESS_NAMES:
+        for name in self.programs:
             proc = self._procs.get(name)
             pid = proc.pid if proc is not None else self._read_pid(name)
             running = pid is not None and (proc.poll() is None if proc is not None else _pid_alive(pid))
@@ -957,9 +1002,12 @@ def default_state_dir() -> Path:
 
 def _load_stack(state_dir: Path) -> Stack:
     ports: Ports | None = None
-    with contextlib.suppress(OSError, ValueError):
-        ports = Ports.from_dict(json.loads((state_dir / "stack.json").read_text())["ports"])
-    return Stack(state_dir, ports)
+    light = False
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        saved = json.loads((state_dir / "stack.json").read_text())
+        light = bool(saved.get("light", False))
+        ports = Ports.from_dict(saved["ports"])
+    return Stack(state_dir, ports, light=light)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -969,7 +1017,12 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument(
         "--state-dir", type=Path, default=argparse.SUPPRESS, help="default: ~/.cache/otel-tracking/stack"
     )
-    parser = argparse.ArgumentParser(prog="otel-tracking stack", description=__doc__.split("\n\n")[0], parents=[common])
+    parser = argparse.ArgumentParser(
+        prog="otel-tracking stack",
+        description="The local trace UI (Zipkin; up --light: nothing else) or the full stack: an OpenTelemetry "
+        "Collector, Zipkin, Prometheus and Jaeger's API, on 127.0.0.1.",
+        parents=[common],
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", parents=[common], help="build or reuse the binaries and start the stack detached")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each program")
@@ -979,6 +1032,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the collector's OTLP receivers listen on all interfaces (0.0.0.0), for node agents on other "
         "hosts; its Prometheus exporter and health port, Jaeger, Zipkin and Prometheus stay on 127.0.0.1",
+    )
+    up.add_argument(
+        "--light",
+        action="store_true",
+        help="only the trace UI: Zipkin (its jar fetched once from Maven Central; needs java 17+) with a relay "
+        "that takes the library's OTLP/HTTP on 4318; nothing to build. Metrics and logs are dropped: the full "
+        "stack keeps them in Prometheus",
     )
     sub.add_parser("down", parents=[common], help="stop the stack started by `up`")
     sub.add_parser(
@@ -1010,9 +1070,10 @@ def main(argv: list[str] | None = None) -> int:
                 Ports.free() if args.free_ports else Ports(),
                 startup_timeout=args.timeout,
                 collector_host="0.0.0.0" if args.gateway else HOST,
+                light=args.light,
             )
             stack.start()
-            print("otel-tracking stack is up")
+            print("otel-tracking stack is up" + (" (light: the trace UI only)" if args.light else ""))
             for key, value in stack.endpoints().items():
                 print(f"  {key:30s} {value}")
             print(f"  {'logs':30s} {stack.log_dir}")
@@ -1049,8 +1110,9 @@ def _print_status(stack: Stack) -> None:
         print(f"  {name:14s} {state:8s} pid {pid!s:8s} {s['health_url']}")
     if status["zipkin"]["healthy"]:
         print(f"\n  trace UI       {stack.trace_ui_url}")
-        print(f"  Jaeger API     {stack.jaeger_url}/api/traces?service=<service.name>")
-        print(f"  Prometheus     {stack.prometheus_url}")
+        if not stack.light:
+            print(f"  Jaeger API     {stack.jaeger_url}/api/traces?service=<service.name>")
+            print(f"  Prometheus     {stack.prometheus_url}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
-"""A small HTTP relay between the collector and Zipkin: OTLP/JSON in, Zipkin v2 JSON out.
+"""A small HTTP relay in front of Zipkin: OTLP/HTTP traces in, Zipkin v2 JSON out.
 
-The collector's ``otlp_http/trace_ui`` exporter posts ``/v1/traces`` here; each request is
+The collector's ``otlp_http/trace_ui`` exporter posts OTLP/JSON to ``/v1/traces`` here.  In a light
+stack (``otel-tracking stack up --light``) the library posts to the relay directly, OTLP/protobuf on
+the OTLP/HTTP port: the relay decodes it with ``opentelemetry-proto`` (installed with otel-tracking),
+and answers ``/v1/metrics`` and ``/v1/logs`` with 200 and drops them (Zipkin shows traces only; the
+full stack keeps them).  Each traces request is
 translated (``zipkin_spans.py``) and posted to Zipkin's ``/api/v2/spans`` before it is answered,
 so the relay holds no queue of its own and its memory is bounded by ``MAX_CONCURRENT`` requests
 of at most ``MAX_BODY`` bytes.  Whatever goes wrong on Zipkin's side is answered 503: the
 collector's own sending queue and retry keep the spans (and never block its other exporters,
-Jaeger among them) until Zipkin answers again.  Standard library only.
+Jaeger among them) until Zipkin answers again; the library's sinks retry and spool the same way.
+Standard library only, but for the protobuf decoding.
 
 Run by ``otel-tracking stack up``; by hand::
 
@@ -15,6 +20,7 @@ Run by ``otel-tracking stack up``; by hand::
 from __future__ import annotations
 
 import argparse
+import base64
 import gzip
 import json
 import signal
@@ -30,6 +36,33 @@ from otel_tracking_stack.zipkin_spans import spans_from_otlp
 MAX_BODY = 64 * 1024 * 1024  # a collector batch is far smaller; larger is refused (413)
 MAX_CONCURRENT = 4  # more requests at once are answered 503, and the collector retries them
 ZIPKIN_TIMEOUT_S = 10.0
+PROTOBUF = "application/x-protobuf"
+
+
+def otlp_json_from_protobuf(body: bytes) -> dict[str, Any]:
+    """An OTLP/protobuf ``ExportTraceServiceRequest`` as OTLP/JSON (ids in hex, as OTLP/JSON has them;
+    protobuf's JSON mapping gives them in base64)."""
+    from google.protobuf.json_format import MessageToDict
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    try:
+        data: dict[str, Any] = MessageToDict(ExportTraceServiceRequest.FromString(body))
+    except DecodeError as err:
+        raise ValueError(f"not an OTLP/protobuf traces request ({err})") from err
+
+    def hex_ids(item: dict[str, Any]) -> None:
+        for key in ("traceId", "spanId", "parentSpanId"):
+            if item.get(key):
+                item[key] = base64.b64decode(item[key]).hex()
+
+    for resource_spans in data.get("resourceSpans", []):
+        for scope_spans in resource_spans.get("scopeSpans", []):
+            for span in scope_spans.get("spans", []):
+                hex_ids(span)
+                for link in span.get("links", []):
+                    hex_ids(link)
+    return data
 
 
 class Relay(ThreadingHTTPServer):
@@ -42,6 +75,7 @@ class Relay(ThreadingHTTPServer):
         self.zipkin_url = zipkin_url.rstrip("/")
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self.forwarded = 0  # spans Zipkin accepted, for /health
+        self.dropped_requests = 0  # metrics and logs requests answered and dropped, for /health
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -50,6 +84,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # one line per request would fill the stack's log
+
+    def _answer_ok(self, protobuf: bool = False) -> None:
+        """200 with an empty export response: ``{}``, or the empty protobuf message."""
+        if not protobuf:
+            self._answer(200, {})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", PROTOBUF)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _answer(self, code: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -63,15 +107,28 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.rstrip("/") in ("", "/health"):
-            self._answer(200, {"status": "ok", "zipkin": self.server.zipkin_url, "forwarded": self.server.forwarded})
+            self._answer(
+                200,
+                {
+                    "status": "ok",
+                    "zipkin": self.server.zipkin_url,
+                    "forwarded": self.server.forwarded,
+                    "dropped_requests": self.server.dropped_requests,
+                },
+            )
         else:
             self._answer(404, {"error": f"no {self.path}"})
 
     def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if self.path in ("/v1/metrics", "/v1/logs"):
+            self.rfile.read(length)
+            self.server.dropped_requests += 1
+            self._answer_ok()
+            return
         if self.path != "/v1/traces":
             self._answer(404, {"error": f"only /v1/traces, not {self.path}"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY:
             self.close_connection = True
             self._answer(413, {"error": f"body of {length} bytes, more than {MAX_BODY}"})
@@ -83,18 +140,22 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self.rfile.read(length)
             content_type = self.headers.get("Content-Type", "application/json").split(";")[0].strip().lower()
-            if content_type != "application/json":
-                self._answer(415, {"error": f"OTLP/JSON only (the collector's `encoding: json`), not {content_type}"})
+            if content_type not in ("application/json", PROTOBUF):
+                self._answer(415, {"error": f"OTLP/JSON or OTLP/protobuf only, not {content_type}"})
                 return
             if self.headers.get("Content-Encoding", "").lower() == "gzip":
                 body = gzip.decompress(body)
             try:
-                spans = list(spans_from_otlp(json.loads(body)))
+                request = json.loads(body) if content_type == "application/json" else otlp_json_from_protobuf(body)
+                spans = list(spans_from_otlp(request))
             except (ValueError, KeyError, TypeError, AttributeError) as err:
-                self._answer(400, {"error": f"not OTLP/JSON traces: {err}"})
+                self._answer(400, {"error": f"not OTLP traces: {err}"})
                 return
             code, detail = self._forward(spans)
-            self._answer(code, {} if code == 200 else {"error": detail})
+            if code == 200:
+                self._answer_ok(protobuf=content_type == PROTOBUF)
+            else:
+                self._answer(code, {"error": detail})
         finally:
             self.server.slots.release()
 

@@ -8,12 +8,15 @@ no extra line (the file sink stays verl's, line for line)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +24,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from otel_tracking.cli.timeline import read_spans
 from otel_tracking.config.settings import ConfigError, build_settings
-from otel_tracking.runtime.anatomy import DEFAULT_BUCKETS, Call, Phase, StepAnatomy, measure
+from otel_tracking.runtime.anatomy import DEFAULT_BUCKETS, Call, Phase, StepAnatomy, StepTrace, measure
 from tests.otlp_receiver import HttpReceiver, wait_for
+from tests.test_backend_wandb import wandb_dir  # noqa: F401 - a fixture
 
 MS = 1_000_000
 
@@ -77,11 +82,23 @@ def test_busy_shares_count_the_ranks_no_call_reached_and_overlapping_calls_once(
 def test_a_step_never_logged_or_without_a_phase_has_no_anatomy() -> None:
     anatomy = StepAnatomy()
     anatomy.phase_ended(1, _phase("gen", 0, 10))
-    assert anatomy.step_ended(1, None, 0, 20 * MS, first=False) is None
-    assert anatomy.step_ended(2, 3, 0, 20 * MS, first=False) is None
+    assert anatomy.step_ended(None, [StepTrace(1, 0, 20 * MS)]) is None
+    assert anatomy.step_ended(3, [StepTrace(2, 0, 20 * MS)]) is None
     anatomy.phase_ended(3, _phase("gen", 50, 60))
-    first = anatomy.step_ended(3, 1, 0, 100 * MS, first=True)  # the run's set-up before it counts for no step
+    # the run's set-up before it counts for no step
+    first = anatomy.step_ended(1, [StepTrace(3, 0, 100 * MS, first=True)])
     assert first is not None and first.wall_s == pytest.approx(0.05)
+    anatomy.phase_ended(3, _phase("gen", 100, 110))  # a phase of a step measured already: dropped
+    assert anatomy.step_ended(1, [StepTrace(3, 0, 200 * MS)]) is None
+
+
+def test_a_step_with_two_roots_is_measured_once_over_both() -> None:
+    anatomy = StepAnatomy()
+    anatomy.phase_ended(1, _phase("gen", 0, 40))
+    anatomy.phase_ended(2, _phase("validate", 50, 70))
+    got = anatomy.step_ended(4, [StepTrace(1, 0, 50 * MS), StepTrace(2, 50 * MS, 80 * MS)])
+    assert got is not None and got.wall_s == pytest.approx(0.08)
+    assert got.shares == pytest.approx({"productive": 0.5, "overhead": 0.25, "wasted": 0.0, "idle": 0.25})
 
 
 def test_a_bad_bucket_is_a_clear_error_naming_the_variable() -> None:
@@ -185,10 +202,13 @@ def _file_lines(tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def test_a_script_that_asks_gets_each_steps_anatomy_in_every_tracker(tmp_path: Path) -> None:
+    from otel_tracking.exporters.file import read_anatomy
+
     _run(tmp_path, OTEL_TRACKING_ANATOMY="1")
-    lines = _file_lines(tmp_path)
-    anatomy = {line["step"]: line["data"] for line in lines if "anatomy/goodput" in line["data"]}
-    assert sorted(anatomy) == [1, 2, 3], lines
+    # the metrics file keeps verl's one line per log(); the anatomy is in the events file
+    assert _file_lines(tmp_path) == [{"step": s, "data": {"loss": 1.0 / s}} for s in (1, 2, 3)]
+    anatomy = read_anatomy(tmp_path / "proj" / "exp.jsonl")
+    assert sorted(anatomy) == [1, 2, 3], anatomy
     for got in anatomy.values():
         # rollout ~0.15 s productive, old_log_prob 0.05 s overhead, 0.05 s idle in each ~0.25 s step
         assert 0.45 <= got["anatomy/goodput"] <= 0.75, got
@@ -206,8 +226,11 @@ def test_a_script_that_asks_gets_each_steps_anatomy_in_every_tracker(tmp_path: P
 
 
 def test_a_plain_script_gets_no_line_it_did_not_ask_for(tmp_path: Path) -> None:
+    from otel_tracking.exporters.file import read_anatomy
+
     _run(tmp_path)
     assert _file_lines(tmp_path) == [{"step": s, "data": {"loss": 1.0 / s}} for s in (1, 2, 3)]
+    assert read_anatomy(tmp_path / "proj" / "exp.jsonl") == {}
 
 
 def test_the_anatomy_goes_out_as_otlp_gauges_with_the_bucket_role_and_phase_as_attributes(tmp_path: Path) -> None:
@@ -240,3 +263,214 @@ def test_the_anatomy_goes_out_as_otlp_gauges_with_the_bucket_role_and_phase_as_a
     # not one metric name per key: the per-step path does not turn anatomy/* into gauges of their own
     names = {name for _, name, _, _, _ in receiver.received.gauge_points()}
     assert not any(name.startswith("anatomy") for name in names), names
+
+
+# --- each step's anatomy at its own step, verl's lines left alone ------------------------------------
+
+
+def _log_steps(tracking: Any, trace: Any) -> None:
+    """Four steps; step 3 opens no phase (its log() is what ends step 2)."""
+    for step in (1, 2, 3, 4):
+        if step != 3:
+            with trace("rollout"):
+                pass
+        tracking.log({"loss": 1.0 / step, "n": step}, step)
+
+
+@pytest.mark.backend
+def test_each_steps_anatomy_reaches_wandb_at_its_step_and_the_file_sink_stays_verls(
+    isolated: Path,
+    wandb_dir: Any,  # noqa: F811 - the fixture imported above
+    seed: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """wandb (offline, read back from its own run file) has every step's anatomy at that step,
+    nothing refused; the file sink's metrics file and the console are byte for byte the
+    reference's, and the file sink has the anatomy in its events file, one record per step."""
+    from otel_tracking import Tracking, trace_state
+    from otel_tracking.exporters.file import read_anatomy
+    from tests.readers_wandb import only_run
+
+    monkeypatch.setenv("OTEL_TRACKING_ANATOMY", "1")
+    root = wandb_dir("ours")
+    tracking = Tracking("proj", "exp", default_backend=["file", "console", "wandb"])
+    _log_steps(tracking, trace_state)
+    tracking.finish()
+    said = capfd.readouterr()
+    ours_out = [line for line in said.out.splitlines() if line.startswith("step:")]
+    assert "not stored" not in said.err and "below the step" not in said.err, said.err
+    stored = only_run(root).triples()
+    assert sorted({s for k, s, _ in stored if k == "anatomy/goodput"}) == [1, 2, 4], stored
+    assert [s for k, s, _ in stored if k == "loss"] == [1, 2, 3, 4]
+    assert sorted(read_anatomy(isolated / "proj" / "exp.jsonl")) == [1, 2, 4]
+    ours = (isolated / "proj" / "exp.jsonl").read_bytes()
+
+    monkeypatch.chdir(isolated / "ours")
+    reference = seed.Tracking("proj", "exp", default_backend=["file", "console"])
+    _log_steps(reference, lambda name: contextlib.nullcontext())
+    reference.finish()
+    assert ours == (isolated / "ours" / "proj" / "exp.jsonl").read_bytes()
+    assert ours_out == [line for line in capfd.readouterr().out.splitlines() if line.startswith("step:")]
+
+
+@pytest.mark.backend
+def test_a_step_logged_again_after_a_phase_has_one_anatomy_over_all_of_it(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Train values, an unlabelled ``validate``, the validation values at the same step: one
+    anatomy for the step, over both of its roots (the second says the step too), not a second
+    one for ``validate`` alone that replaces the first; TensorBoard (its own reader) and the
+    timeline have validate at that step too."""
+    from otel_tracking import Tracking, trace_state
+    from tests.test_backend_tensorboard import read_events
+
+    monkeypatch.setenv("OTEL_TRACKING_ANATOMY", "1")
+    tracking = Tracking("proj", "exp", default_backend=["file", "tensorboard"])
+    for step in (1, 2):
+        with trace_state("rollout"):
+            pass
+        tracking.log({"loss": 1.0 / step}, step)
+        with trace_state("validate"):
+            pass
+        tracking.log({"val/score": 0.5}, step)
+    tracking.finish()
+    scalars, _, _ = read_events(isolated / "tensorboard_log" / "proj" / "exp")
+    assert [s for s, _ in scalars["anatomy/goodput"]] == [1, 2]
+    # the validate phase's timing at the step it validated, as the anatomy and the timeline have it
+    assert [s for s, _ in scalars["timing_s/state/validate"]] == [1, 2]
+    events = [json.loads(line) for line in (isolated / "proj" / "exp.events.jsonl").read_text().splitlines()]
+    measured = [e for e in events if e.get("event_name") == "ml.step.anatomy"]
+    assert [e["attributes"]["ml.step"] for e in measured] == [1, 2], measured
+    spans = [e for e in events if e["type"] == "span"]
+    roots = [s for s in spans if s["name"] == "ml.step"]
+    assert [r["attributes"]["ml.step"] for r in roots] == [1, 1, 2, 2]
+    assert [r["attributes"].get("ml.step.continues") for r in roots] == [None, True, None, True]
+    # the timeline draws validate in the step it validated (its own ml.step says the next one)
+    drawn = [(s.name, s.step) for s in read_spans([isolated / "proj" / "exp.events.jsonl"]) if s.name != "ml.step"]
+    assert sorted(drawn) == [("rollout", 1), ("rollout", 2), ("validate", 1), ("validate", 2)]
+    for record in measured:
+        step = record["attributes"]["ml.step"]
+        its_roots = [r for r in roots if r["attributes"]["ml.step"] == step]
+        traces = {r["trace_id"] for r in its_roots}
+        names = sorted(s["name"] for s in spans if s["trace_id"] in traces and s["name"] != "ml.step")
+        assert names == ["rollout", "validate"]
+        # covers both roots: from the first's start (the first step: its first phase) to the second's end
+        first_start = min(
+            s["start_time_unix_nano"] for s in spans if s["trace_id"] in traces and (step > 1 or s["name"] != "ml.step")
+        )
+        wall_s = (max(r["end_time_unix_nano"] for r in its_roots) - first_start) / 1e9
+        assert record["body"]["anatomy/step_s"] == pytest.approx(wall_s, abs=1e-6)
+        assert record["body"]["anatomy/goodput"] > 0 and record["body"]["anatomy/overhead_frac"] > 0
+
+
+def _busy(at_least_ns: int) -> None:
+    """Work (not a sleep) for at least ``at_least_ns``: the lane that does more is the straggler."""
+    start = time.perf_counter_ns()
+    while time.perf_counter_ns() - start < at_least_ns:
+        pass
+
+
+@pytest.mark.backend
+def test_no_secret_in_a_phase_name_reaches_a_key_and_lanes_named_as_text_get_their_rank(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A phase named with a URL and its password: the anatomy's keys (TensorBoard, read back with
+    its own reader; the file sink's files) carry it scrubbed, as the span's name is; lanes named
+    ``worker_<n>`` get ``straggler_rank`` n."""
+    from otel_tracking import Tracking, trace_state
+    from otel_tracking.exporters.file import read_anatomy
+    from tests.test_backend_tensorboard import read_events
+
+    monkeypatch.setenv("OTEL_TRACKING_ANATOMY", "1")
+    secret = "s3cr3t-pw-0042"
+    phase = f"download https://alice:{secret}@db.example.com/shard"
+    tracking = Tracking("proj", "exp", default_backend=["file", "tensorboard"])
+    for step in (1, 2):
+        with trace_state(phase):
+            for lane in range(3):
+                with trace_state("fetch", state_lane_id=f"worker_{lane}"):
+                    _busy(4_000_000 if lane == 1 else 1_000_000)
+        tracking.log({"loss": 1.0 / step}, step)
+    tracking.finish()
+    scalars, _, _ = read_events(isolated / "tensorboard_log" / "proj" / "exp")
+    assert not [key for key in scalars if secret in key], list(scalars)
+    scrubbed = "anatomy/download https://<redacted>@db.example.com/shard"
+    assert scalars[f"{scrubbed}/straggler_rank"] == [(1, 1.0), (2, 1.0)], list(scalars)
+    assert f"{scrubbed}/straggler_lag_s" in scalars
+    for path in (isolated / "proj").iterdir():
+        assert secret not in path.read_text(), path
+    assert read_anatomy(isolated / "proj" / "exp.jsonl")[2][f"{scrubbed}/straggler_rank"] == 1
+
+
+@pytest.mark.backend
+def test_a_step_whose_phase_outlives_the_next_log_is_measured_before_the_next_steps_values(
+    isolated: Path,
+    wandb_dir: Any,  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread's phase of step 1 still runs when step 2 is logged: step 1's anatomy goes out then
+    (what still runs counts for no step), before step 2's values, and not again when it ends."""
+    import contextvars
+
+    from otel_tracking import Tracking, trace_state
+    from otel_tracking.exporters.file import read_anatomy
+    from tests.readers_wandb import only_run
+
+    monkeypatch.setenv("OTEL_TRACKING_ANATOMY", "1")
+    root = wandb_dir("late")
+    tracking = Tracking("proj", "exp", default_backend=["file", "wandb"])
+    started, release = threading.Event(), threading.Event()
+
+    def late() -> None:
+        with trace_state("late_upload"):
+            started.set()
+            release.wait(timeout=60)
+
+    with trace_state("rollout"):
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(late,))
+        thread.start()
+        assert started.wait(timeout=60)
+    tracking.log({"loss": 1.0}, 1)
+    with trace_state("rollout"):
+        pass
+    tracking.log({"loss": 0.5}, 2)
+    release.set()
+    thread.join(timeout=60)
+    with trace_state("rollout"):
+        pass
+    tracking.log({"loss": 0.25}, 3)
+    tracking.finish()
+    stored = only_run(root).triples()
+    assert sorted(s for k, s, _ in stored if k == "anatomy/goodput") == [1, 2, 3], stored
+    assert sorted(read_anatomy(isolated / "proj" / "exp.jsonl")) == [1, 2, 3]
+    events = (isolated / "proj" / "exp.events.jsonl").read_text()
+    assert events.count('"event_name":"ml.step.anatomy"') == 3
+
+
+def test_no_secret_in_a_phase_name_reaches_the_open_phase_gauges(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gauges of open phases (``ml.phase.open{ml.phase}``, for alerting on stuck phases) carry
+    the phase's name scrubbed, as its span does."""
+    from otel_tracking import Tracking, trace_state
+
+    secret = "s3cr3t-pw-0043"
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "100")
+        tracking = Tracking("proj", "exp", default_backend=["file"])
+        with trace_state(f"download https://alice:{secret}@db.example.com/shard"):
+
+            def phases() -> list[str]:
+                return [
+                    str(attrs.get("ml.phase"))
+                    for _, name, _, _, attrs in receiver.received.gauge_points()
+                    if name == "ml.phase.open"
+                ]
+
+            shown = wait_for(phases, what="an ml.phase.open point")
+        tracking.finish()
+    assert shown and all(secret not in phase for phase in shown), shown
+    assert "download https://<redacted>@db.example.com/shard" in shown

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from otel_tracking.exporters.file import read_anatomy
+
 BACKEND_SDKS = ["wandb", "mlflow", "swanlab", "clearml", "trackio", "tensorboard", "torch", "pandas", "numpy"]
 
 
@@ -66,17 +68,16 @@ def test_demo_runs_and_says_where_it_wrote(tmp_path: Path) -> None:
     assert "Where each sink wrote:" in out.stdout
     metrics_file = tmp_path / "demo" / "grpo-simulated.jsonl"  # not demo/otel-tracking-demo/...
     assert str(metrics_file) in out.stdout
-    everything = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-    # the demo measures each step's anatomy (one more line at each step, when its root span ends)
-    anatomy = [line for line in everything if "anatomy/goodput" in line["data"]]
-    lines = [line for line in everything if line not in anatomy]
+    lines = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     assert [line["step"] for line in lines] == [*range(1, 11), 10, 11, 12]  # step 10 also has validation
-    assert [line["step"] for line in anatomy] == list(range(1, 13))
-    assert all(k.startswith("anatomy/") for line in anatomy for k in line["data"])
+    # the demo measures each step's anatomy: in the events file, the metrics file keeps verl's lines
+    anatomy = read_anatomy(metrics_file)
+    assert sorted(anatomy) == list(range(1, 13))
+    assert all(k.startswith("anatomy/") for data in anatomy.values() for k in data)
     assert len(lines[0]["data"]) >= 30
     assert lines[10]["data"].keys() == {"val-core/openai/gsm8k/reward/mean@4"}
     console = [line for line in out.stdout.splitlines() if line.startswith("step:")]
-    assert len(console) == 13 + 12
+    assert len(console) == 13  # one line per log(), as verl prints; no anatomy line
     assert "The step's anatomy: goodput " in out.stdout
     events_file = metrics_file.with_name("grpo-simulated.events.jsonl")
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
@@ -88,7 +89,7 @@ def test_demo_runs_and_says_where_it_wrote(tmp_path: Path) -> None:
         assert rollout["name"] == "rollout"
         assert spans[rollout["parent_span_id"]]["name"] == "step"
     assert {s["attributes"]["ml.lane"] for s in generate} == {0, 1, 2, 3}
-    generations = [e for e in events if e["type"] == "log"]
+    generations = [e for e in events if e.get("event_name") == "ml.validation.generations"]
     assert [g["attributes"]["ml.step"] for g in generations] == [10]
     assert len(generations[0]["body"]["samples"]) == 4
 

@@ -164,7 +164,10 @@ def test_a_raising_exporter_never_kills_the_worker(
             pass
         stats = tracking.finish()["otlp-traces"]
         assert stats == {"delivered": 2, "failed": 1, "retried": 0, "spooled": 1, "dropped": 0}
-        summary = "otel-tracking: otlp-traces: delivered 2, failed 1, retried 0, spooled 1, dropped 0"
+        summary = (
+            "otel-tracking: otlp-traces: 2 items delivered, 1 spooled, 0 dropped "
+            "(items: log() calls, spans, log records); 1 exports failed, 0 retried"
+        )
         assert summary in capsys.readouterr().err  # every count the docs list (reference/guarantees.md), on stderr
         assert [s["name"] for s in receiver.received.spans()] == ["second", "ml.step"]  # the step's root at finish
 

@@ -196,3 +196,53 @@ def test_the_old_import_paths_still_work() -> None:
 
     # the very modules: a monkeypatch of otel_tracking.worker._defaults reaches the real one
     assert propagation is p and ray_tracing is r and worker is w
+
+
+# Third-party names without a public home that only compat/ may touch: modules it may import, and
+# private attributes (read as ``x.name`` or ``getattr(x, "name")``, assigned as ``x.name = ...``).
+COMPAT_ONLY_MODULES = ("opentelemetry._logs", "opentelemetry.sdk._logs")
+COMPAT_ONLY_ATTRIBUTES = {"_execute_remote_single_worker", "_workers", "_timer"}
+
+
+def private_name_uses() -> list[str]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[0] == "compat":
+            continue
+        tree = ast.parse(path.read_text())
+        for line, target in imports_of(path, "otel_tracking." + ".".join(relative.with_suffix("").parts)):
+            if target.startswith(COMPAT_ONLY_MODULES):
+                found.append(f"{relative}:{line} imports {target}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in COMPAT_ONLY_ATTRIBUTES:
+                found.append(f"{relative}:{node.lineno} uses .{node.attr}")
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in {"getattr", "setattr", "hasattr"}
+                and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in COMPAT_ONLY_ATTRIBUTES
+            ):
+                found.append(f"{relative}:{node.lineno} uses {node.args[1].value!r}")
+    return found
+
+
+def test_verl_and_opentelemetry_logs_private_names_are_touched_only_in_compat() -> None:
+    assert private_name_uses() == []
+
+
+def test_the_private_name_check_sees_a_use_outside_compat(tmp_path: Path, monkeypatch) -> None:
+    uses = (
+        "from opentelemetry._logs import SeverityNumber\n"
+        "def f(group, performance):\n"
+        "    performance._timer = None\n"
+        "    return getattr(group, '_workers', None)\n"
+    )
+    _made_up_package(tmp_path, monkeypatch, {"verl/waiting.py": uses, "compat/verl_internals.py": uses})
+    assert private_name_uses() == [
+        "verl/waiting.py:1 imports opentelemetry._logs",
+        "verl/waiting.py:3 uses ._timer",
+        "verl/waiting.py:4 uses '_workers'",
+    ]

@@ -333,9 +333,15 @@ def test_a_run_never_finished_against_a_dead_endpoint_says_why_once_and_sums_up(
         r"\(further failures are counted in the summary at the end\)",
         rf"otel-tracking: sink 'otlp-metrics' failed to export metrics: OTLPExportError: {reason['metrics']} "
         r"\(further failures are counted in the summary at the end\)",
-        r"otel-tracking: otlp-metrics: delivered 0, failed \d+, retried \d+, spooled 1, dropped 0",
-        r"otel-tracking: otlp-traces: delivered 0, failed \d+, retried \d+, spooled 6, dropped 0",
-        r"otel-tracking: otlp-logs: delivered 0, failed 0, retried 0, spooled 0, dropped 0",
+        r"otel-tracking: otlp-metrics: 0 items delivered, 1 spooled, 0 dropped "
+        r"\(items: log\(\) calls, spans, log records\); "
+        r"\d+ exports failed, \d+ retried",
+        r"otel-tracking: otlp-traces: 0 items delivered, 6 spooled, 0 dropped "
+        r"\(items: log\(\) calls, spans, log records\); "
+        r"\d+ exports failed, \d+ retried",
+        r"otel-tracking: otlp-logs: 0 items delivered, 0 spooled, 0 dropped "
+        r"\(items: log\(\) calls, spans, log records\); "
+        r"0 exports failed, 0 retried",
         rf"otel-tracking: deliver the spooled data with: otel-tracking replay {re.escape(str(run_dir))}",
     ]
     assert len(lines) == len(expected), done.stderr

@@ -1,6 +1,7 @@
-"""``otel-tracking timeline`` (issue 33): a picture of a step from the spans a run left, as a page
-headless chromium shows with every lane, and as Chrome trace events that follow the format; and
-the demo's straggler lane, named in its summary."""
+"""``otel-tracking timeline``: a picture of a step from the spans a run left, as a page headless
+chromium shows with every lane (the step's root once, as the step's extent; every label inside the
+picture), written beside its input, and as Chrome trace events that follow the format; and the
+demo's straggler lane, named in its summary."""
 
 from __future__ import annotations
 
@@ -100,9 +101,19 @@ def test_the_picture_shows_every_lane_in_a_browser(demo: tuple[Path, str]) -> No
             "[...document.querySelectorAll('rect.span')].every((r) => r.getBBox().width >= 1 && r.getBBox().height > 0)"
         )
         stragglers = page.evaluate("document.getElementById('stragglers').innerText")
+        steps = page.evaluate("[...document.querySelectorAll('rect.step')].map((r) => r.textContent)")
+        # every label ends inside the picture (the last tick's label was cut in half at the right edge)
+        clipped = page.evaluate(
+            "(() => { const svg = document.querySelector('svg'); const right = svg.width.baseVal.value;"
+            " return [...svg.querySelectorAll('text')].filter((t) => { const b = t.getBBox();"
+            " return b.x < 0 || b.x + b.width > right; }).map((t) => t.textContent); })()"
+        )
         outlined = page.evaluate("[...document.querySelectorAll('rect.straggler')].map((r) => r.dataset.name)")
     assert lanes == LANES
-    assert sorted(spans) == sorted(STEP_SPANS) and drawn
+    # the step's root is the step's extent on top, not a second bar beside the driver's `step` phase
+    assert sorted(spans) == sorted(s for s in STEP_SPANS if s != "ml.step") and drawn
+    assert steps == ["step 3: " + steps[0].split(": ", 1)[1]] and "the step's root span" in steps[0]
+    assert clipped == []
     assert "straggler driver / lane 3" in stragglers
     assert outlined == ["generate"], "the straggler lane's span is outlined"
 
@@ -113,3 +124,61 @@ def test_steps_that_are_not_there_are_said(demo: tuple[Path, str]) -> None:
     assert done.returncode == 2 and "no spans at steps 40-41 (steps found: 1-6)" in done.stdout
     bad = _timeline(root, "--steps", "3-1")
     assert bad.returncode == 2 and "is not a step or a range of steps" in bad.stderr
+
+
+def _span_line(name: str, span_id: str, parent: str | None, start: int, end: int, **attributes: Any) -> str:
+    return json.dumps(
+        {
+            "type": "span",
+            "name": name,
+            "trace_id": "ab" * 16,
+            "span_id": span_id,
+            "parent_span_id": parent,
+            "start_time_unix_nano": start,
+            "end_time_unix_nano": end,
+            "attributes": attributes,
+            "resource": {},
+        },
+        separators=(",", ":"),  # as the file sink writes it
+    )
+
+
+def test_a_bad_span_line_is_skipped_and_counted_not_the_end_of_the_read(tmp_path: Path) -> None:
+    """A span without trace_id and one whose ml.step is NaN (both allowed by JSON as Python writes
+    it) are left out and counted; the good ones are still drawn."""
+    from io import StringIO
+
+    from otel_tracking.cli.timeline import main
+
+    good = [
+        _span_line("ml.step", "01" * 8, None, 0, 100, **{"ml.step": 4}),
+        _span_line("rollout", "02" * 8, "01" * 8, 10, 90, **{"ml.step": 4}),
+    ]
+    no_trace = json.loads(_span_line("update", "03" * 8, "01" * 8, 20, 30))
+    del no_trace["trace_id"]
+    nan_step = _span_line("update", "04" * 8, "01" * 8, 40, 50).replace(
+        '"attributes":{}', '"attributes":{"ml.step":NaN}'
+    )
+    cut = _span_line("update", "05" * 8, "01" * 8, 60, 70)[:40]
+    (tmp_path / "exp.events.jsonl").write_text(
+        "\n".join([*good, json.dumps(no_trace, separators=(",", ":")), nan_step, cut]) + "\n"
+    )
+    out = StringIO()
+    code = main([str(tmp_path)], "4", str(tmp_path / "t"), stdout=out)
+    assert code == 0, out.getvalue()
+    assert "skipped 3 span lines" in out.getvalue(), out.getvalue()
+    assert "2 spans on 1 lanes, step 4" in out.getvalue()
+    drawn = [e["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    assert sorted(drawn) == ["ml.step", "rollout"]
+
+
+def test_without_out_the_files_go_beside_the_events_file(demo: tuple[Path, str], tmp_path: Path) -> None:
+    root, _ = demo
+    events = next((root / "otel-tracking-demo").glob("grpo-simulated.events.jsonl"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = _timeline(elsewhere, str(events), "--steps", "2")
+    assert done.returncode == 0, done.stderr
+    assert (events.parent / "timeline-step2.html").is_file() and (events.parent / "timeline-step2.json").is_file()
+    assert list(elsewhere.iterdir()) == []
+    assert f"{events.parent / 'timeline-step2.html'} (open in a browser)" in done.stdout

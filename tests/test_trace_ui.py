@@ -1,22 +1,29 @@
 """The stack's trace UI feed: the relay (OTLP/JSON in) in front of a real Zipkin, read back through
 Zipkin's own API; and what the relay answers when Zipkin cannot take the spans, so that the
-collector's queue and retry keep them."""
+collector's queue and retry keep them.  And the light path a user starts with: ``otel-tracking
+stack up --light`` (Zipkin and the relay alone, the relay taking the library's OTLP/protobuf), a
+run's spans sent to it, and the run's link opened in headless chromium."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from otel_tracking_stack import zipkin_relay
 from otel_tracking_stack.stack import HOST, fetch_zipkin, find_java
+from tests import viewers
 from tests.viewers import free_port, http_json, stop_group, wait_for
 
 pytestmark = pytest.mark.stack
@@ -158,11 +165,82 @@ def test_while_zipkin_cannot_take_spans_the_relay_answers_503_so_the_collector_r
 def test_the_relay_refuses_what_it_cannot_translate_with_a_clear_error(
     relay: zipkin_relay.Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    status, _, body = _post(_url(relay), b"\x0a\x02\x08\x01", content_type="application/x-protobuf")
-    assert status == 415 and "OTLP/JSON only" in body["error"]
+    status, _, body = _post(_url(relay), b"<spans/>", content_type="application/xml")
+    assert status == 415 and "OTLP/JSON or OTLP/protobuf only" in body["error"]
+    status, _, body = _post(_url(relay), b"\xff\xff\xff", content_type="application/x-protobuf")
+    assert status == 400 and "not an OTLP/protobuf traces request" in body["error"]
     status, _, body = _post(_url(relay), b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "x"}]}]}]}')
-    assert status == 400 and "not OTLP/JSON traces" in body["error"]
+    assert status == 400 and "not OTLP traces" in body["error"]
     monkeypatch.setattr(zipkin_relay, "MAX_BODY", 1000)
     status, _, body = _post(_url(relay), json.dumps(_request()).encode())
     assert status == 413 and "more than 1000" in body["error"]
     assert http_json(f"http://{HOST}:{relay.server_address[1]}/health")["status"] == "ok"
+
+
+# --- the light path: one command, a run, its trace in a browser ---------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = """
+from otel_tracking import Tracking, trace_state
+
+tracking = Tracking(project_name="light-trace-ui", experiment_name="first", default_backend=["console"])
+for step in range(1, 3):
+    with trace_state("rollout"):
+        with trace_state("generate", state_lane_id="worker_0"):
+            pass
+    with trace_state("update"):
+        pass
+    tracking.log({"actor/pg_loss": 1.0 / step}, step=step)
+tracking.finish()
+"""
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "otel_tracking", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_stack_up_light_shows_a_runs_traces_in_the_browser(isolated: Path) -> None:
+    """What the README tells a user to do: ``stack up --light``, export what it prints, run, open the
+    link the run's summary prints: the run's steps are listed, and a step's waterfall shows its phases.
+    No collector, Jaeger or Prometheus runs: the relay takes the library's OTLP/protobuf itself."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    state = ["--state-dir", str(isolated / "stack")]
+    up = _cli("stack", "up", "--light", "--free-ports", *state, env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        exports = dict(re.findall(r"^export (\w+)=(\S+)$", up.stdout, re.M))
+        printed = {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_TRACKING_TRACES_URL"}
+        assert set(exports) == printed
+        saved = json.loads((isolated / "stack" / "stack.json").read_text())
+        assert saved["light"] is True and set(saved["binaries"]) == {"zipkin", "java"}  # nothing built
+        status = _cli("stack", "status", "--json", *state, env=env)
+        assert set(json.loads(status.stdout)) == {"zipkin", "trace_ui_relay"} and status.returncode == 0
+
+        script = isolated / "run.py"
+        script.write_text(RUN)
+        done = subprocess.run(
+            [sys.executable, str(script)], env={**env, **exports}, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        # every span reached the relay and none was spooled; metrics and logs were answered and dropped
+        assert re.search(r"otlp-traces: \d+ items delivered, 0 spooled, 0 dropped .*; 0 exports failed", done.stderr)
+        assert "otel-tracking replay" not in done.stderr
+        link = re.search(r"^otel-tracking: the run's traces: (\S+)$", done.stderr, re.M)
+        assert link and link.group(1).startswith(exports["OTEL_TRACKING_TRACES_URL"]), done.stderr
+
+        zipkin = exports["OTEL_TRACKING_TRACES_URL"].removesuffix("/zipkin/")
+        port = int(zipkin.rsplit(":", 1)[1])
+        trace_id = viewers.step_trace_id(port, 2, service="light-trace-ui")
+        with viewers.browser() as browser:
+            listing = browser.page(link.group(1))
+            text = listing.wait_for_text(["Results", "light-trace-ui: ml.step"])
+            assert text.count("light-trace-ui: ml.step") == 2  # one trace per step
+            page = browser.page(f"{exports['OTEL_TRACKING_TRACES_URL']}traces/{trace_id}")
+            text = page.wait_for_text(["Total Spans", "Tags", "ml.step"])
+            assert re.search(r"Total Spans\n4\n", text)
+            rows = re.findall(r"^light-trace-ui: ([\w.]+)\n([\d.]+(?:μs|ms|s))$", text, re.M)
+            assert [name for name, _ in rows] == ["ml.step", "rollout", "generate", "update"], text[:2000]
+    finally:
+        down = _cli("stack", "down", *state, env=env)
+        assert down.returncode == 0, down.stderr

@@ -174,3 +174,37 @@ def test_trace_state_keeps_what_a_context_manager_of_verl_does(isolated: Path) -
     assert spans["fine"]["attributes"]["ml.lane"] == "rank_0"
     for name, failed in (("fine", False), ("swallowed", False), ("failed", True), ("refused", True)):
         assert (spans[name]["status"] == "ERROR") is failed, (name, spans[name]["status"])
+
+
+class _Workers(list):  # type: ignore[type-arg]
+    """A worker list that counts how often it is walked."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        _Workers.walks += 1
+        return super().__iter__()
+
+
+def test_a_workers_rank_is_found_without_walking_the_group_at_every_call() -> None:
+    """The driver looks each worker-group call's worker up: at 1,024 workers a walk per call is a
+    million steps per phase.  The map is made once per group (and again only when it changes)."""
+    from otel_tracking.compat.verl_internals import rank_in_group
+
+    handles = [object() for _ in range(1024)]
+    group = type("Group", (), {})()
+    group.workers = _Workers(handles)
+    _Workers.walks = 0
+    assert [rank_in_group(group, w) for w in handles] == [(i, 1024) for i in range(1024)]
+    assert _Workers.walks == 1
+    assert rank_in_group(group, object()) == (-1, 1024)  # not one of the group's
+
+    handles[5], handles[7] = handles[7], handles[5]  # changed in place: found at its new rank
+    group.workers[5], group.workers[7] = handles[5], handles[7]
+    assert rank_in_group(group, handles[5]) == (5, 1024)
+    group.workers.append(object())  # grown: looked up in the new list
+    assert rank_in_group(group, group.workers[-1]) == (1024, 1025)
+
+    private_only = type("OlderGroup", (), {})()
+    private_only._workers = handles  # a group with only the private list
+    assert rank_in_group(private_only, handles[3]) == (3, 1024)

@@ -55,10 +55,40 @@ def _emit(event: str, key: str, loggers: Iterable[str] | str, step: Any, body: d
 
 @dataclasses.dataclass
 class ValidationGenerationsLogger:
+    """Log validation generations (input, output, score) as a table in the trackers: verl's
+    ``ValidationGenerationsLogger``, same signature.
+
+    Each ``log()`` is one event on the current run: wandb, SwanLab, ClearML and Trackio show a
+    table, TensorBoard and MLflow text; the file sink and OTLP (a log record) get every event.
+
+    :param project_name: kept for verl's signature; the run's own project is used. Default ``None``.
+    :param experiment_name: kept for verl's signature; the run's own is used. Default ``None``.
+
+    Example:
+
+    ```python
+    from otel_tracking import ValidationGenerationsLogger
+
+    samples = [("What is 2+2?", "4", 1.0), ("What is 3+3?", "5", 0.0)]
+    ValidationGenerationsLogger().log(["wandb"], samples, step=10)
+    ```
+    """
+
     project_name: str | None = None
+    """Kept for verl's signature."""
     experiment_name: str | None = None
+    """Kept for verl's signature."""
 
     def log(self, loggers: Iterable[str] | str, samples: Sequence[Sequence[Any]], step: int) -> None:
+        """Send ``samples`` of ``step`` to the trackers named in ``loggers`` (nothing when no run is open).
+
+        :param loggers: the tracker names that should write the table (verl's
+            ``trainer.log_val_generations`` targets), one name or a list; a tracker not named
+            skips the event.
+        :param samples: rows ``[input, output, score]`` (any length); strings are kept, numbers
+            converted as ``log()`` converts them, anything else becomes ``str()``.
+        :param step: the training step the generations belong to.
+        """
         rows = [
             [_plain(part) for part in sample] if isinstance(sample, (list, tuple)) else [_plain(sample)]
             for sample in samples
@@ -68,12 +98,34 @@ class ValidationGenerationsLogger:
 
 @dataclasses.dataclass
 class DapoFilteredRewardTableLogger:
-    """One row per step of ``reward:count`` pairs (wandb only, as in the reference)."""
+    """Log how many groups each reward value filtered out, one table row per step (DAPO's
+    ``filter_groups``): verl's ``DapoFilteredRewardTableLogger``, same signature.  Written by wandb
+    only, as in verl; the file sink and OTLP get every event.
+
+    :param project_name: kept for verl's signature; the run's own project is used. Default ``None``.
+    :param experiment_name: kept for verl's signature; the run's own is used. Default ``None``.
+
+    Example:
+
+    ```python
+    from otel_tracking import DapoFilteredRewardTableLogger
+
+    DapoFilteredRewardTableLogger().log(["wandb"], {0.0: 3, 1.0: 5}, step=10)  # row: 10, "0:3, 1:5"
+    ```
+    """
 
     project_name: str | None = None
+    """Kept for verl's signature."""
     experiment_name: str | None = None
+    """Kept for verl's signature."""
 
     def log(self, loggers: Iterable[str] | str, reward_counts: dict[Any, Any], step: int) -> None:
+        """Send one row for ``step`` (nothing when no run is open).
+
+        :param loggers: the tracker names that should write the row, one name or a list.
+        :param reward_counts: ``{reward value: count}``; values become floats, counts integers.
+        :param step: the training step.
+        """
         row = {float(value): int(count) for value, count in reward_counts.items()}
         counts_text = ", ".join(f"{value:g}:{row[value]}" for value in sorted(row))
         body = {

@@ -49,14 +49,44 @@ def say_where_it_goes(settings: Settings) -> None:
 
 
 class RLInsightLogger:
+    """verl's ``RLInsightLogger`` (its ``rl_insight`` integration), on OpenTelemetry: gauges and
+    phase spans over OTLP, and Prometheus scrape targets for the local stack's collector.
+
+    Everything is off unless ``VERL_RL_INSIGHT_ENABLE=1`` (as in verl): then every method is a
+    no-op and ``trace_state`` yields without a span.  On, its values go to OTLP only (to
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``, default ``http://localhost:4318``), not to the ML trackers;
+    with ``Tracking(default_backend=[..., "rl_insight"])`` it shares that run.  All methods are
+    class methods, as in verl; constructing one calls ``init``.
+
+    :param project_name: the project of the run it starts (when no ``Tracking`` run is shared).
+    :param experiment_name: the experiment of that run.
+    :param config: verl's config; ``transfer_queue.metrics.enabled`` registers the transfer
+        queue's metrics endpoint.  Default ``None``.
+
+    Example:
+
+    ```python
+    from otel_tracking import RLInsightLogger
+
+    RLInsightLogger.init(project_name="gsm8k", experiment_name="run-1")  # no-op unless enabled
+    with RLInsightLogger.trace_state("rollout", state_lane_id=0):
+        ...
+    RLInsightLogger.log({"rollout/throughput": 2400.0}, step=1)
+    RLInsightLogger.finish()
+    ```
+    """
+
     ENABLE_ENV = "VERL_RL_INSIGHT_ENABLE"
+    """The variable that switches it on (``1``)."""
     _init_done: ClassVar[bool] = False
     _run: ClassVar[Any] = None
     _owns_run: ClassVar[bool] = False
     _registered_metrics: ClassVar[set[tuple[str | None, tuple[str, ...], str | None]]] = set()
     registered_targets: ClassVar[list[dict[str, Any]]] = []
+    """Every scrape target registered in this process (file-based service discovery groups)."""
 
     def __init__(self, project_name: str | None, experiment_name: str | None, config: Any = None) -> None:
+        """As verl's: ``init`` with the same arguments (see the class's parameters)."""
         self.init(project_name=project_name, experiment_name=experiment_name, config=config)
 
     @classmethod
@@ -66,6 +96,13 @@ class RLInsightLogger:
 
     @classmethod
     def init(cls, project_name: str | None = None, experiment_name: str | None = None, config: Any = None) -> None:
+        """Start its run (OTLP only), once per process; nothing when disabled or already started.
+
+        :param project_name: the run's project; default ``None``: from the caller's baggage or
+            the environment, as a worker's spans get it.
+        :param experiment_name: the run's experiment; default ``None``, likewise.
+        :param config: verl's config, for the transfer queue's metrics endpoint; default ``None``.
+        """
         if not cls.enabled() or cls._init_done:
             return
         from otel_tracking.delivery.otlp_sinks import build_otlp_sinks
@@ -83,7 +120,12 @@ class RLInsightLogger:
 
     @classmethod
     def attach(cls, run: Any, config: Any = None) -> None:
-        """Share a ``Tracking`` run (its ``rl_insight`` backend) instead of starting one."""
+        """Share a ``Tracking`` run (its ``rl_insight`` backend) instead of starting one; ``Tracking``
+        calls it.
+
+        :param run: the ``Tracking``'s run.
+        :param config: verl's config, for the transfer queue's metrics endpoint; default ``None``.
+        """
         if not cls.enabled():
             return
         if cls._init_done and cls._owns_run:
@@ -94,6 +136,12 @@ class RLInsightLogger:
 
     @classmethod
     def log(cls, data: dict[str, Any], step: int) -> None:
+        """Send ``data`` as OTLP gauges at ``step`` (not to the ML trackers, as in verl); starts the
+        run on first use.
+
+        :param data: ``{key: number}``.
+        :param step: the step the values belong to; the training loop's step is left alone.
+        """
         if not cls.enabled():
             return
         if not cls._init_done:
@@ -104,6 +152,8 @@ class RLInsightLogger:
 
     @classmethod
     def finish(cls) -> None:
+        """End its own run (a shared ``Tracking`` run is left to ``Tracking.finish``) and forget the
+        registered targets; the next call starts again."""
         if not cls._init_done:
             return
         if cls._owns_run and cls._run is not None:
@@ -114,6 +164,13 @@ class RLInsightLogger:
     @classmethod
     @contextmanager
     def trace_state(cls, state_name: str, *, state_lane_id: str | int | None = None, **labels: Any) -> Iterator[None]:
+        """A phase as a span, like ``otel_tracking.trace_state``; without a span when disabled.
+
+        :param state_name: the phase's name.
+        :param state_lane_id: who runs it (``ml.lane``); default ``None``.
+        :param labels: ``ml.label.<name>`` attributes (``step=``, ``weight_version=``, ``links=``
+            as for ``trace_state``).
+        """
         if not cls.enabled():
             yield
             return
@@ -129,10 +186,20 @@ class RLInsightLogger:
         rollout_name: str | None,
         labels: list[dict[str, Any] | None] | None = None,
     ) -> None:
+        """Register rollout servers' Prometheus endpoints (vLLM's, SGLang's ``/metrics``) to be scraped.
+
+        :param server_addresses: ``host:port`` of each server.
+        :param rollout_name: the job's name, the ``job`` label (e.g. ``"vllm"``).
+        :param labels: one dict of extra labels per address (or ``None``); default ``None``.
+        """
         cls.register_metrics(server_addresses, rollout_name, labels)
 
     @classmethod
     def register_transfer_queue_metrics(cls, config: Any) -> None:
+        """Register the transfer queue's metrics endpoint when ``transfer_queue.metrics.enabled``.
+
+        :param config: verl's config (a mapping).
+        """
         try:
             enabled = bool((config or {}).get("transfer_queue", {}).get("metrics", {}).get("enabled", False))
         except AttributeError:
@@ -156,6 +223,16 @@ class RLInsightLogger:
         job_name: str | None = None,
         labels: list[dict[str, Any] | None] | None = None,
     ) -> None:
+        """Register Prometheus endpoints to be scraped, once per (job, addresses, labels): written as
+        file-based service discovery JSON into ``OTEL_TRACKING_SCRAPE_TARGETS_DIR``, which the
+        local stack's collector watches.
+
+        :param server_addresses: ``host:port`` of each endpoint.
+        :param job_name: the ``job`` label; default ``None``.
+        :param labels: one dict of extra labels per address (or ``None``); default ``None``.
+
+        Example: ``RLInsightLogger.register_metrics(["10.0.0.5:8000"], "vllm")``
+        """
         if not cls.enabled():
             return
         metric_key = (job_name, tuple(server_addresses), repr(labels))

@@ -9,7 +9,6 @@ two runs log the same numbers.
 
 from __future__ import annotations
 
-import contextvars
 import json
 import math
 import os
@@ -124,7 +123,11 @@ class DemoPlaces:
         if "wandb" in backends:
             hints.append(f"wandb leet {os.environ['WANDB_DIR']}/wandb/latest-run   # wandb's terminal viewer")
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-            hints.append("otel-tracking stack status   # the local stack's trace UI, Jaeger API and Prometheus URLs")
+            hints.append("otel-tracking stack status   # the local stack's trace UI URL (and Prometheus')")
+        else:
+            hints.append(
+                "otel-tracking stack up --light   # the trace UI (Zipkin); export what it prints, run the demo again"
+            )
         return hints
 
 
@@ -192,10 +195,10 @@ def run_demo(
                     started = time.perf_counter()
                     with trace_state(phase, step=step):
                         if phase == "rollout":
-                            # Each worker gets a copy of this context, so its span nests under rollout.
+                            # Each lane's span nests under rollout: a pool thread's phase hangs
+                            # under the phase that handed it the work (trace_state's docs).
                             futures = [
                                 pool.submit(
-                                    contextvars.copy_context().run,
                                     _rollout_worker,
                                     lane,
                                     step,
@@ -222,14 +225,15 @@ def run_demo(
 
 
 def goodput_summary(metrics_path: Path) -> str | None:
-    """The mean of each step's ``anatomy/*`` shares, read back from the file sink's metrics file."""
+    """The mean of each step's ``anatomy/*`` shares, read back from the file sink's events file
+    (beside its metrics file)."""
+    from otel_tracking.exporters.file import read_anatomy
+
     shares: dict[str, list[float]] = {}
-    with open(metrics_path) as lines:
-        for line in lines:
-            data = json.loads(line)["data"]
-            for key in ("goodput", "overhead_frac", "idle_frac"):
-                if f"anatomy/{key}" in data:
-                    shares.setdefault(key, []).append(data[f"anatomy/{key}"])
+    for data in read_anatomy(metrics_path).values():
+        for key in ("goodput", "overhead_frac", "idle_frac"):
+            if f"anatomy/{key}" in data:
+                shares.setdefault(key, []).append(data[f"anatomy/{key}"])
     if not shares.get("goodput"):
         return None
     mean = {key: 100 * sum(values) / len(values) for key, values in shares.items()}

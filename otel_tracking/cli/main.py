@@ -111,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(
         prog="otel-tracking",
-        description="OpenTelemetry-native experiment tracking: a demo run, a local collector/Jaeger/Prometheus "
-        "stack, and replay of what a sink could not take.",
+        description="OpenTelemetry-native experiment tracking: a demo run, a local trace UI (Zipkin) or the full "
+        "stack, replay of what a sink could not take, stall reports and a step's timeline.",
     )
     parser.add_argument("--version", action="version", version=f"otel-tracking {SCOPE_VERSION}")
     parser.add_argument(
@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     stack = commands.add_parser(
         "stack",
-        help="run a local collector, Jaeger and Prometheus (up|down|status|build)",
-        epilog="options: up [--free-ports] [--gateway] [--timeout S] [--state-dir DIR]; "
+        help="a local trace UI: stack up --light (Zipkin, nothing to build), or the full stack: a collector, "
+        "Zipkin, Prometheus with a stall alert, Jaeger's API (up|down|status|build)",
+        epilog="options: up [--light] [--free-ports] [--gateway] [--timeout S] [--state-dir DIR]; "
         "down|status [--state-dir DIR] (status exits 3 when a program is not healthy); build. "
         "otel-tracking stack up --help says more.",
     )
@@ -193,7 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
         "or directories (default: the current one)",
     )
     timeline.add_argument("--steps", type=_steps, help="a step (3) or a range (3-5); default: the last step")
-    timeline.add_argument("--out", help="where to write, without suffix (default: timeline-step<N>)")
+    timeline.add_argument(
+        "--out",
+        help="where to write, without suffix (default: timeline-step<N> beside the first events file, or in the "
+        "first directory given)",
+    )
     timeline.add_argument(
         "--traces-url",
         help="also the run's spans the stack's trace UI keeps (Zipkin, e.g. http://127.0.0.1:9411/zipkin/: the "

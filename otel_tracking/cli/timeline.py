@@ -5,11 +5,13 @@ training process's, and any other process's that wrote one) and the spans of OTL
 a collector's ``file`` exporter writes: the worker processes that export only over OTLP), and with
 ``--traces-url`` the run's spans the stack's trace UI (Zipkin) keeps, then keeps the
 spans of the chosen steps (a span's ``ml.step``, else the step of its trace's ``ml.step`` root), and
-writes two files:
+writes two files, beside the first file or in the first directory it was given unless ``--out``
+says where:
 
 * ``<out>.html``: one self-contained page (inline SVG, no script, nothing fetched) that a browser
-  opens offline: one row per lane (the training process's phases on top, then each role and rank,
-  each ``ml.lane``), nested spans stacked inside their row, the time between spans left empty
+  opens offline: each step's extent on top (its root span, ``ml.step``, drawn once there rather
+  than as a bar over the phases it holds), one row per lane (the training process's phases first, then each
+  role and rank, each ``ml.lane``), nested spans stacked inside their row, the time between spans left empty
   (idle), and each phase's straggler named: of the spans under one phase on several lanes, the one
   that ended last, and how much later than the median lane it ended;
 * ``<out>.json``: the same spans as Chrome trace events (complete ``X`` events, one process per
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_tracking.cli.stalls import events_files
-from otel_tracking.signals.semconv import LANE, RANK, ROLE, RUN_ID, STEP, STEP_SPAN_NAME
+from otel_tracking.signals.semconv import CONTINUES, LANE, RANK, ROLE, RUN_ID, STEP, STEP_SPAN_NAME
 
 
 @dataclass
@@ -45,9 +47,12 @@ class Span:
     depth: int = 0
 
 
-def read_spans(files: Iterable[Path], traces_url: str | None = None) -> list[Span]:
+def read_spans(files: Iterable[Path], traces_url: str | None = None, skipped: list[str] | None = None) -> list[Span]:
     """Every span line of the events files, with its step (its own, else its trace root's); with
-    ``traces_url``, also the run's spans the trace UI keeps (the run of the files' spans)."""
+    ``traces_url``, also the run's spans the trace UI keeps (the run of the files' spans).  A line
+    that is no span this can draw (cut short by a kill, without ids or times, a step that is not a
+    number) is left out, and said in ``skipped`` (one reason per line), rather than ending the read."""
+    skipped = [] if skipped is None else skipped
     raw: list[dict[str, Any]] = []
     for path in files:
         with open(path, "rb") as handle:
@@ -57,39 +62,77 @@ def read_spans(files: Iterable[Path], traces_url: str | None = None) -> list[Spa
                     continue
                 try:
                     record = json.loads(line)
-                except ValueError:  # a line cut short by a kill
-                    continue
-                raw.extend(otlp_json_spans(record) if otlp else [record])
+                    raw.extend(otlp_json_spans(record) if otlp else [record])
+                except (ValueError, TypeError, AttributeError) as error:  # a line cut short by a kill, ...
+                    skipped.append(f"{path.name}: {type(error).__name__}")
     if traces_url:
-        runs = {s["resource"].get(RUN_ID) for s in raw if s.get("resource")} - {None}
-        known = {s["span_id"] for s in raw}
-        for run_id in sorted(runs):
+        runs = {_resource(s).get(RUN_ID) for s in raw} - {None}
+        known = {s.get("span_id") for s in raw}
+        for run_id in sorted(runs, key=str):
             raw.extend(s for s in zipkin_spans(traces_url, str(run_id)) if s["span_id"] not in known)
-    root_steps = {
-        s["trace_id"]: s["attributes"].get(STEP)
-        for s in raw
-        if s["name"] == STEP_SPAN_NAME and s.get("parent_span_id") is None
-    }
+    root_steps: dict[Any, int] = {}
+    continued: set[Any] = set()  # the traces of a step's second root (the step logged again)
+    for s in raw:
+        step = _step(_attributes(s).get(STEP))
+        if s.get("name") == STEP_SPAN_NAME and s.get("parent_span_id") is None and step is not None:
+            root_steps[s.get("trace_id")] = step
+            if _attributes(s).get(CONTINUES):
+                continued.add(s.get("trace_id"))
     spans = []
     for s in raw:
-        if s.get("start_time_unix_nano") is None or s.get("end_time_unix_nano") is None:
-            continue
-        attributes = s.get("attributes") or {}
-        step = attributes.get(STEP, root_steps.get(s["trace_id"]))
-        spans.append(
-            Span(
-                name=s["name"],
-                trace_id=s["trace_id"],
-                span_id=s["span_id"],
-                parent_id=s.get("parent_span_id"),
-                start_ns=int(s["start_time_unix_nano"]),
-                end_ns=int(s["end_time_unix_nano"]),
-                step=int(step) if isinstance(step, (int, float)) else None,
-                lane=_lane(s.get("resource") or {}, attributes),
-                attributes=attributes,
-            )
-        )
+        try:
+            spans.append(_span(s, root_steps, continued))
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
+            skipped.append(f"span {str(s.get('name', '?'))[:80]!r}: {type(error).__name__} {error}"[:200])
     return spans
+
+
+def _span(s: dict[str, Any], root_steps: dict[Any, int], continued: set[Any]) -> Span:
+    """One span line as drawn; KeyError, TypeError or ValueError for a line that is none."""
+    attributes = _attributes(s)
+    name, trace_id, span_id = s["name"], s["trace_id"], s["span_id"]
+    if not all(isinstance(v, str) and v for v in (name, trace_id, span_id)):
+        raise ValueError("no name, trace_id or span_id")
+    start_ns, end_ns = int(s["start_time_unix_nano"]), int(s["end_time_unix_nano"])
+    own = attributes.get(STEP)
+    step = _step(own) if own is not None else None
+    if own is not None and step is None:
+        raise ValueError(f"ml.step {own!r} is not a step")
+    if step is None or trace_id in continued:
+        # a phase under a step's second root began after the step's first log(), so it says the
+        # next step: its root says which step it was (the same one, logged again)
+        step = root_steps.get(trace_id, step)
+    parent = s.get("parent_span_id")
+    return Span(
+        name=name,
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_id=parent if isinstance(parent, str) else None,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        step=step,
+        lane=_lane(_resource(s), attributes),
+        attributes=attributes,
+    )
+
+
+def _attributes(s: dict[str, Any]) -> dict[str, Any]:
+    found = s.get("attributes")
+    return found if isinstance(found, dict) else {}
+
+
+def _resource(s: dict[str, Any]) -> dict[str, Any]:
+    found = s.get("resource")
+    return found if isinstance(found, dict) else {}
+
+
+def _step(value: Any) -> int | None:
+    """A step as a span says it: a whole, finite number (NaN, inf, text and bools are none)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None
+    return int(value)
 
 
 def otlp_json_spans(request: dict[str, Any]) -> list[dict[str, Any]]:
@@ -190,12 +233,17 @@ def _lane(resource: dict[str, Any], attributes: dict[str, Any]) -> tuple[str, st
     return process, "" if lane is None else str(lane)
 
 
+def is_step_root(span: Span) -> bool:
+    """The root span of a step's trace (``ml.step``), which the picture draws as the step's extent."""
+    return span.name == STEP_SPAN_NAME and not span.parent_id
+
+
 def select_steps(spans: Sequence[Span], first: int, last: int) -> list[Span]:
     chosen = [s for s in spans if s.step is not None and first <= s.step <= last]
     by_id = {s.span_id: s for s in chosen}
     for span in sorted(chosen, key=lambda s: s.start_ns):  # depth within its lane: its lane's ancestors
         parent = by_id.get(span.parent_id or "")
-        while parent is not None and parent.lane != span.lane:
+        while parent is not None and (parent.lane != span.lane or is_step_root(parent)):
             parent = by_id.get(parent.parent_id or "")
         span.depth = 0 if parent is None else parent.depth + 1
     return chosen
@@ -300,12 +348,18 @@ def chrome_trace(spans: Sequence[Span]) -> dict[str, Any]:
 # --- the picture --------------------------------------------------------------------------------
 
 _ROW_H, _LABEL_W, _PLOT_W, _BAR_H = 22, 220, 1000, 16
+_RIGHT_MARGIN = 40  # room for the last tick's label, which ends at the plot's right edge
+_STEPS_H = 20  # the strip on top that shows each step's extent
 _COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#bab0ac"]
 
 
 def svg(spans: Sequence[Span], found: Sequence[Straggler]) -> str:
     origin, end = min(s.start_ns for s in spans), max(s.end_ns for s in spans)
     scale = _PLOT_W / max(end - origin, 1)
+    roots = [s for s in spans if is_step_root(s)]
+    spans = [s for s in spans if not is_step_root(s)] or roots  # a step with no phase: its root alone
+    if spans is roots:
+        roots = []
     lanes = lanes_in_order(spans)
     depth = {lane: max(s.depth for s in spans if s.lane == lane) + 1 for lane in lanes}
     late = {f.span_id for f in found}
@@ -318,7 +372,19 @@ def svg(spans: Sequence[Span], found: Sequence[Straggler]) -> str:
         x = _LABEL_W + i * _PLOT_W / 10
         label = f"{total_s * factor * i / 10:.3g} {unit}"
         parts.append(f'<line x1="{x:.1f}" y1="18" x2="{x:.1f}" y2="100%" stroke="#eee"/>')
-        parts.append(f'<text x="{x:.1f}" y="12" font-size="10" text-anchor="middle">{label}</text>')
+        parts.append(f'<text class="tick" x="{x:.1f}" y="12" font-size="10" text-anchor="middle">{label}</text>')
+    if roots:  # each step's extent, once, above the lanes
+        parts.append(f'<text class="steps" x="4" y="{y + 14}" font-size="12">steps</text>')
+        for root in roots:
+            x = _LABEL_W + (root.start_ns - origin) * scale
+            width = max((root.end_ns - root.start_ns) * scale, 1.0)
+            title = f"step {root.step}: {(root.end_ns - root.start_ns) / 1e9:.3f} s (the step's root span)"
+            parts.append(
+                f'<rect class="step" x="{x:.1f}" y="{y + 4}" width="{width:.1f}" height="12" fill="none" '
+                f'stroke="#555"><title>{html.escape(title)}</title></rect>'
+            )
+            parts.append(f'<text x="{x + 3:.1f}" y="{y + 14}" font-size="10">step {root.step}</text>')
+        y += _STEPS_H
     for lane in lanes:
         height = depth[lane] * _ROW_H
         parts.append(
@@ -343,7 +409,7 @@ def svg(spans: Sequence[Span], found: Sequence[Straggler]) -> str:
                 )
         y += height
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _PLOT_W + 10}" height="{y + 10}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _PLOT_W + _RIGHT_MARGIN}" height="{y + 10}" '
         f'font-family="sans-serif">{"".join(parts)}</svg>'
     )
 
@@ -357,8 +423,8 @@ def page(spans: Sequence[Span], found: Sequence[Straggler], title: str) -> str:
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
         f"<body style='font-family:sans-serif'><h2>{html.escape(title)}</h2>"
-        f"<p>One row per lane; nested spans stacked inside it; empty space is idle time; a red outline is a "
-        f"phase's straggler.</p>{svg(spans, found)}<h3>Stragglers</h3><ul id='stragglers'>"
+        f"<p>Each step's extent on top; one row per lane; nested spans stacked inside it; empty space is idle "
+        f"time; a red outline is a phase's straggler.</p>{svg(spans, found)}<h3>Stragglers</h3><ul id='stragglers'>"
         f"{rows or '<li>none</li>'}</ul></body></html>"
     )
 
@@ -370,7 +436,10 @@ def main(
 
     say = stdout or sys.stdout
     files = events_files([Path(p) for p in paths] or [Path.cwd()])
-    spans = read_spans(files, traces_url)
+    skipped: list[str] = []
+    spans = read_spans(files, traces_url, skipped)
+    if skipped:
+        say.write(f"otel-tracking timeline: skipped {len(skipped)} span lines it cannot draw (first: {skipped[0]})\n")
     known = sorted({s.step for s in spans if s.step is not None})
     if not known:
         say.write("otel-tracking timeline: no spans with a step in the events files found\n")
@@ -381,7 +450,7 @@ def main(
         say.write(f"otel-tracking timeline: no spans at steps {first}-{last} (steps found: {known[0]}-{known[-1]})\n")
         return 2
     found = stragglers(chosen)
-    base = Path(out) if out else Path(f"timeline-step{first}" + (f"-{last}" if last != first else ""))
+    base = Path(out) if out else _beside(paths) / (f"timeline-step{first}" + (f"-{last}" if last != first else ""))
     html_path, json_path = base.with_suffix(".html"), base.with_suffix(".json")
     title = f"steps {first}-{last}" if last != first else f"step {first}"
     html_path.write_text(page(chosen, found, f"otel-tracking timeline: {title}"))
@@ -391,6 +460,15 @@ def main(
         say.write(f"  straggler: step {f.step} {f.phase}: {lane_label(f.lane)}, +{f.lag_s:.3f} s after the median\n")
     say.write(f"  {html_path} (open in a browser)\n  {json_path} (Perfetto, chrome://tracing)\n")
     return 0
+
+
+def _beside(paths: list[str]) -> Path:
+    """Where the files go without ``--out``: beside the first input file, in the first input
+    directory, or (no path given) in the working directory."""
+    if not paths:
+        return Path.cwd()
+    first = Path(paths[0])
+    return first if first.is_dir() else first.parent
 
 
 def _step_range(steps: str | None, known: list[int]) -> tuple[int, int]:

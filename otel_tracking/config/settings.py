@@ -36,7 +36,23 @@ _FALSE = ("false", "0", "no", "off", "")
 
 
 class ConfigError(ValueError):
-    """A configuration value (argument or environment variable) that cannot be used."""
+    """A configuration value (an argument or an environment variable) that cannot be used; raised
+    by ``Tracking()`` before anything is opened or written, its message naming the value and what
+    is accepted.  A ``ValueError``, so code that catches those catches it too.
+
+    Example:
+
+    ```python
+    import os
+    from otel_tracking import ConfigError, Tracking
+
+    os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/json"
+    try:
+        Tracking(project_name="p", experiment_name="e")
+    except ConfigError as error:
+        print(error)  # OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not supported; use 'grpc' or 'http/protobuf'
+    ```
+    """
 
 
 def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:

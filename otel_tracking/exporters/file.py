@@ -7,7 +7,8 @@ so every step whose log() returned is on disk even if the process is killed.  Nu
 as the caller gave them, numpy scalars included (``np.float32(1.1)`` as ``1.1``, a ``uint64`` beyond
 int64 exactly, ``step=11.0`` as ``11.0``), as the reference's ``orjson`` dump did.
 
-Spans and log records (validation generations, tables) go to the sibling file
+Spans and log records (validation generations, tables, each step's anatomy as an
+``ml.step.anatomy`` record: :func:`read_anatomy`) go to the sibling file
 ``<experiment>.events.jsonl``, one JSON object per line with a ``"type"`` of ``"span"`` or ``"log"``,
 never into the metrics file.
 
@@ -54,6 +55,7 @@ from otel_tracking.compat.otel_sdk import LogRecordExporter, LogRecordExportResu
 from otel_tracking.config import paths, settings
 from otel_tracking.exporters._base import StepMetricExporter, StepRecord, hex_id
 from otel_tracking.exporters.timings import span_duration_s
+from otel_tracking.signals.semconv import ANATOMY_EVENT, STEP
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -271,6 +273,27 @@ def read_metrics(path: Path | str) -> dict[str, dict[int, Any]]:
             for key, value in (line.get("data") or {}).items():
                 values.setdefault(key, {})[int(line["step"])] = value
     return values
+
+
+def read_anatomy(metrics_path: Path | str) -> dict[int, dict[str, Any]]:
+    """``{step: {"anatomy/...": value}}``: each step's anatomy (``runtime/anatomy.py``), from the
+    events file beside the metrics file at ``metrics_path`` (the metrics file keeps verl's lines)."""
+    found: dict[int, dict[str, Any]] = {}
+    path = events_path(Path(metrics_path))
+    if not path.exists():
+        return found
+    with open(path, "rb") as handle:
+        for raw in handle:
+            if ANATOMY_EVENT.encode() not in raw:
+                continue
+            try:
+                event = orjson.loads(raw)
+                step = int(event["attributes"][STEP])
+            except (ValueError, KeyError, TypeError):  # a line cut short by a kill
+                continue
+            if event.get("event_name") == ANATOMY_EVENT and isinstance(event.get("body"), dict):
+                found[step] = event["body"]
+    return found
 
 
 def span_event(span: ReadableSpan) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_tracking.signals.semconv import CONTINUES, STEP_SPAN_NAME
 from otel_tracking.signals.semconv import STEP as STEP_ATTRIBUTE
-from otel_tracking.signals.semconv import STEP_SPAN_NAME
 
 
 def span_duration_s(span: Any) -> float:
@@ -40,6 +40,7 @@ class PhaseTiming:
     last_end_ns: int
     slowest_s: float
     span_ids: set[int] = field(default_factory=set)  # a retried export folds the same spans in again: no change
+    traces: set[int] = field(default_factory=set)  # the trace ids of its spans
 
     @property
     def wall_s(self) -> float:
@@ -62,6 +63,7 @@ class PhaseTiming:
         self.last_end_ns = max(self.last_end_ns, other.last_end_ns)
         self.slowest_s = max(self.slowest_s, other.slowest_s)
         self.span_ids |= other.span_ids
+        self.traces |= other.traces
 
 
 class StepTimings:
@@ -76,6 +78,10 @@ class StepTimings:
     started) takes the step of its trace's root, which ends after it and says the step its
     ``log()`` gave; until the root comes it waits (at :meth:`drain`, flush or finish, it goes to
     the fallback step: the last step written).
+
+    A root that says ``ml.step.continues`` (the step was logged again after a phase began a root
+    of its own: ``runtime/step_roots.py``) takes its trace's phases, which said the next step, to
+    its own step.
 
     A span folded in again (the delivery layer retries a batch the backend failed) changes
     nothing: the ids of the spans handed back are remembered for the last :attr:`REMEMBERED_STEPS`
@@ -98,6 +104,8 @@ class StepTimings:
                 stepless = STEP_ATTRIBUTE not in (span.attributes or {})
                 if span.name == STEP_SPAN_NAME:
                     step = span_step(span, fallback_step)
+                    if context is not None and (span.attributes or {}).get(CONTINUES):
+                        self._move_trace(context.trace_id, step)
                     for waiting in self._waiting.pop(context.trace_id if context is not None else 0, ()):
                         self._fold(waiting, step)
                     closed += self._take(lambda pending: pending <= step)  # noqa: B023 - used at once
@@ -122,6 +130,17 @@ class StepTimings:
             timing = PhaseTiming(step, span.name, span.start_time, span.end_time, 0.0)
             self._pending[(step, span.name)] = timing
         timing.add(span_id, span.start_time, span.end_time)
+        if context is not None:
+            timing.traces.add(context.trace_id)
+
+    def _move_trace(self, trace_id: int, step: int) -> None:
+        """The timings held for the phases of trace ``trace_id`` alone go to ``step``."""
+        for key in [key for key, timing in self._pending.items() if timing.traces == {trace_id} and key[0] != step]:
+            timing = self._pending.pop(key)
+            timing.step = step
+            held = self._pending.setdefault((step, timing.name), timing)
+            if held is not timing:
+                held.merge(timing)
 
     def hold(self, timings: Sequence[PhaseTiming]) -> None:
         """Keep ``timings`` (not written) until the next close or drain, merged with any newer spans."""

@@ -22,13 +22,17 @@ When the step's root ends, :meth:`StepAnatomy.step_ended` turns them into:
 
 Measured by default where verl's ``marked_timer`` phases are instrumented (``OTEL_TRACKING_VERL``
 and the other switches), elsewhere with ``OTEL_TRACKING_ANATOMY=1`` (``0`` turns it off): the
-numbers go to the trackers as one more ``log()`` at the step, which a plain script did not ask for.
+numbers go to the trackers as values of the step, before the next step's (``run.py`` measures a
+step once it is over, over all of its roots), and to the file sink's events file as an
+``ml.step.anatomy`` record (its metrics file and the console keep verl's one line per ``log()``).
+Phase and role names in keys are scrubbed; a lane named as text counts as the rank it ends with.
 The step's wall time runs from the root's start (the previous step's ``log()``) to its end; the
 first step starts at its first phase instead, so the run's set-up counts for no step.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_tracking.signals import semconv
+from otel_tracking.signals.redact import scrub_value
 from otel_tracking.signals.semconv import ENCLOSING, IDLE, OVERHEAD, PRODUCTIVE, WASTED
 from otel_tracking.signals.steps import labelled_gauge
 
@@ -105,13 +110,28 @@ class Anatomy:
             "anatomy/idle_frac": self.shares[IDLE],
             "anatomy/step_s": self.wall_s,
         }
+        # Phase and role names are the user's (a URL with a password in a phase name): scrubbed
+        # as the span names are, so the keys match the trace and carry no secret.
         for role, busy in sorted(self.busy.items()):
-            found[f"anatomy/{role}/busy_frac"] = busy
+            found[f"anatomy/{scrub_value(role)}/busy_frac"] = busy
         for phase, (rank, lag_s) in sorted(self.stragglers.items()):
-            if isinstance(rank, int):
-                found[f"anatomy/{phase}/straggler_rank"] = rank
-            found[f"anatomy/{phase}/straggler_lag_s"] = lag_s
+            number = lane_number(rank)
+            if number is not None:
+                found[f"anatomy/{scrub_value(phase)}/straggler_rank"] = number
+            found[f"anatomy/{scrub_value(phase)}/straggler_lag_s"] = lag_s
         return {key: round(value, 6) if isinstance(value, float) else value for key, value in found.items()}
+
+
+_TRAILING_NUMBER = re.compile(r"(\d+)$")
+
+
+def lane_number(lane: int | str) -> int | None:
+    """The rank a lane stands for: the lane itself when it is a number, else the number a lane
+    named as text ends with (``"worker_3"``, ``"replica-12"``: 3, 12); None for a lane with none."""
+    if isinstance(lane, int):
+        return lane
+    found = _TRAILING_NUMBER.search(lane)
+    return int(found.group(1)) if found else None
 
 
 _by_default = False  # measured without OTEL_TRACKING_ANATOMY: verl's phases are instrumented here
@@ -140,34 +160,61 @@ def add_call_source(source: CallSource) -> None:
         _sources.append(source)
 
 
+@dataclass(frozen=True)
+class StepTrace:
+    """One root of a step (``step_roots.py``): a step logged again after a phase that began after
+    its first ``log()`` has two, and one anatomy covering both."""
+
+    trace_id: int
+    start_ns: int
+    end_ns: int
+    first: bool = False  # the run's first root: its set-up before the first phase counts for no step
+
+
 class StepAnatomy:
-    """The phases and calls of each step in progress, by the step's trace id; then its numbers."""
+    """The phases and calls of each step in progress, by the trace id of its root; then its numbers."""
+
+    FORGOTTEN = 1024  # how many measured traces are remembered, so that their late phases are dropped
 
     def __init__(self, buckets: Mapping[str, str] | None = None) -> None:
         self.buckets = {**DEFAULT_BUCKETS, **(buckets or {})}
         self._lock = threading.Lock()
         self._phases: dict[int, list[Phase]] = {}
         self._calls: dict[int, list[Call]] = {}
+        # Traces measured already (a phase still open when its step was measured ends later): what
+        # they are told afterwards is dropped, not kept for ever.
+        self._measured: dict[int, None] = {}
 
     def phase_ended(self, trace_id: int, phase: Phase) -> None:
         with self._lock:
-            self._phases.setdefault(trace_id, []).append(phase)
+            if trace_id not in self._measured:
+                self._phases.setdefault(trace_id, []).append(phase)
 
     def call_ended(self, trace_id: int, call: Call) -> None:
         with self._lock:
-            self._calls.setdefault(trace_id, []).append(call)
+            if trace_id not in self._measured:
+                self._calls.setdefault(trace_id, []).append(call)
 
-    def step_ended(self, trace_id: int, step: int | None, start_ns: int, end_ns: int, first: bool) -> Anatomy | None:
-        """The numbers of the step whose root (trace ``trace_id``) ran from ``start_ns`` to
-        ``end_ns``; None for a step with no phase, or never logged (``step`` None)."""
+    def step_ended(self, step: int | None, traces: Iterable[StepTrace]) -> Anatomy | None:
+        """The numbers of the step whose roots are ``traces``; None for a step with no phase, or
+        never logged (``step`` None)."""
+        traces = list(traces)
+        phases: list[Phase] = []
+        calls: list[Call] = []
         with self._lock:
-            phases = self._phases.pop(trace_id, [])
-            calls = self._calls.pop(trace_id, [])
-        for source in _sources:
-            calls.extend(source(trace_id))
-        if step is None or not phases:
+            for trace in traces:
+                phases += self._phases.pop(trace.trace_id, [])
+                calls += self._calls.pop(trace.trace_id, [])
+                self._measured[trace.trace_id] = None
+            while len(self._measured) > self.FORGOTTEN:
+                del self._measured[next(iter(self._measured))]
+        for trace in traces:
+            for source in _sources:
+                calls.extend(source(trace.trace_id))
+        if step is None or not phases or not traces:
             return None
-        if first:  # the run's set-up before the first phase belongs to no step
+        start_ns, end_ns = min(t.start_ns for t in traces), max(t.end_ns for t in traces)
+        if any(t.first for t in traces):  # the run's set-up before the first phase belongs to no step
             start_ns = max(start_ns, min(p.start_ns for p in phases))
         if end_ns <= start_ns:
             return None
@@ -246,14 +293,14 @@ def gauges(anatomy: Anatomy, time_ns: int) -> list[Any]:
         )
     ]
     if anatomy.busy:
+        busy = {scrub_value(role): share for role, share in anatomy.busy.items()}
         found.append(
-            labelled_gauge(
-                "ml.role.busy", "1", "mean busy share of the role's ranks", semconv.ROLE, anatomy.busy, time_ns
-            )
+            labelled_gauge("ml.role.busy", "1", "mean busy share of the role's ranks", semconv.ROLE, busy, time_ns)
         )
     if anatomy.stragglers:
-        ranks = {p: float(r) for p, (r, _) in anatomy.stragglers.items() if isinstance(r, int)}
-        lags = {p: lag for p, (_, lag) in anatomy.stragglers.items()}
+        numbers = {scrub_value(p): lane_number(r) for p, (r, _) in anatomy.stragglers.items()}
+        ranks = {p: float(n) for p, n in numbers.items() if n is not None}
+        lags = {scrub_value(p): lag for p, (_, lag) in anatomy.stragglers.items()}
         if ranks:
             found.append(
                 labelled_gauge("ml.phase.straggler_rank", "1", "the rank busy longest", semconv.PHASE, ranks, time_ns)

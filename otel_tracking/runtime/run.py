@@ -26,12 +26,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry._logs import SeverityNumber
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Tracer, set_span_in_context
 
-from otel_tracking.compat.otel_sdk import LoggerProvider, enabled_despite_sdk_disabled
+from otel_tracking.compat.otel_sdk import LoggerProvider, SeverityNumber, enabled_despite_sdk_disabled
 from otel_tracking.config.resource import build_resource
 from otel_tracking.config.resume import RunRecord, record_name
 from otel_tracking.config.settings import Settings
@@ -47,20 +46,25 @@ from otel_tracking.delivery.pipeline import (
 from otel_tracking.delivery.scrubbing import ScrubbingLogProcessor, ScrubbingSpanProcessor
 from otel_tracking.delivery.spool import sink_spool
 from otel_tracking.runtime import lifecycle, stalls
-from otel_tracking.runtime.anatomy import Anatomy, StepAnatomy
+from otel_tracking.runtime.anatomy import Anatomy, StepAnatomy, StepTrace
 from otel_tracking.runtime.anatomy import gauges as anatomy_gauges
 from otel_tracking.runtime.anatomy import measured as anatomy_measured
 from otel_tracking.runtime.stalls import Stall, StallWatch, stall_line
 from otel_tracking.runtime.step_roots import StepRoots
+from otel_tracking.runtime.thread_parents import ThreadParents
 from otel_tracking.signals import semconv
 from otel_tracking.signals.carrier import extract_env, has_span, step_from, with_identity
 from otel_tracking.signals.ids import ID_GENERATOR
-from otel_tracking.signals.redact import scrub_strings
+from otel_tracking.signals.redact import scrub_strings, scrub_value
 from otel_tracking.signals.semconv import ENDED_BY
 from otel_tracking.signals.steps import LatestValues, StepBatch, labelled_gauge
 from otel_tracking.signals.values import checked_others, split_values, step_as_logged, to_step
 
 logger = logging.getLogger("otel_tracking")
+
+# The sinks whose lines are verl's format, one per log() call (scripts parse them): the step's
+# anatomy is not a line there (the file sink has it in its events file, as an ml.step.anatomy record).
+VERL_LINES = ("file", "console")
 
 
 # Unfinished runs, oldest first; a run leaves at finish().  Held strongly: a Tracking dropped
@@ -185,6 +189,8 @@ class Run:
         # trace_state spans not ended yet, each with the thread that opened it (dict set and pop:
         # atomic); watched for stalls (stalls.py)
         self.open_spans: dict[Span, int] = {}
+        # which phase a pool thread's phase hangs under (thread_parents.py)
+        self.thread_parents = ThreadParents()
         after = settings.stall_after_s
         self.stalls = StallWatch(after, settings.stall_floor_s, self._report_stall)
         # A worker's parent_context() depends on nothing but the context it is given (contexts are
@@ -222,7 +228,11 @@ class Run:
         measures = driver and anatomy_measured(settings.anatomy)
         self.anatomy = StepAnatomy(settings.anatomy_buckets) if measures else None
         self._latest_anatomy: Anatomy | None = None
-        on_ended = self._step_ended if self.anatomy is not None else None
+        # The roots that ended, by step, until the step is over (the next log() at another step,
+        # flush, finish): a step logged again after a phase of its own has two
+        self._ended_roots: dict[int, list[StepTrace]] = {}
+        self._ended_lock = threading.Lock()
+        on_ended = self._root_ended if self.anatomy is not None else None
         self.step_roots = StepRoots(self.tracer, started_ns=self.started_ns, on_ended=on_ended)
         self.event_logger = self.logger_provider.get_logger(semconv.SCOPE_NAME, semconv.SCOPE_VERSION)
 
@@ -259,8 +269,12 @@ class Run:
         phases = self.stalls.open_phases(self.open_spans, now_ns)
         if not phases:
             return []
-        ages = {name: open_s for name, (open_s, _) in phases.items()}
-        bounds = {name: bound for name, (_, bound) in phases.items()}
+        # the open spans' own names, not yet scrubbed as their spans will be on the way out
+        ages: dict[str, float] = {}
+        bounds: dict[str, float] = {}
+        for name, (open_s, bound) in phases.items():
+            label = scrub_value(name)
+            ages[label], bounds[label] = max(open_s, ages.get(label, 0.0)), bound
         age_about = "how long the phase's oldest open span has been open"
         return [
             labelled_gauge("ml.phase.open", "s", age_about, semconv.PHASE, ages, now_ns),
@@ -327,6 +341,12 @@ class Run:
             _warn_forked_once()
             return
         now = time.time_ns()
+        if self.driver:
+            # The step before ends here, and its anatomy goes out before this step's values: a
+            # tracker that keeps steps monotonic (wandb) takes it at its own step.
+            self.step_roots.step_logged(step, now)
+            if self.anatomy is not None:
+                self._measure_steps(but=step)
         targets = self.sinks if backends is None else [s for s in self.sinks if s.name in backends]
         if targets:
             # One compact StepBatch for every sink: step exporters take its record directly, any
@@ -339,8 +359,6 @@ class Run:
         if self._latest is not None:
             self._latest.update(step, scalars, now)
         self.last_step = step
-        if self.driver:
-            self.step_roots.step_logged(step, now)
 
     _said_logged_after_finish = False
 
@@ -375,20 +393,47 @@ class Run:
 
     # --- step anatomy ----------------------------------------------------------------------------
 
-    def _step_ended(self, trace_id: int, step: int | None, start_ns: int, end_ns: int, first: bool) -> None:
-        """A step's root ended (step_roots.py): its anatomy goes to the sinks at its step."""
-        # (finish() ends the last roots before it finishes the sinks: they still take these)
+    def _root_ended(self, step: int | None, trace: StepTrace) -> None:
+        """A step's root ended (step_roots.py): kept until its step is over (``_measure_steps``)."""
+        if self.anatomy is None:
+            return
+        if step is None:  # never logged: no step to show it at
+            self.anatomy.step_ended(None, [trace])
+            return
+        with self._ended_lock:
+            self._ended_roots.setdefault(step, []).append(trace)
+
+    def _measure_steps(self, but: int | None = None) -> None:
+        """The anatomy of each step over (every step whose root ended, but ``but``, the step being
+        logged) goes to the sinks at its step: to the trackers as values of that step, and to the
+        file sink's events file (its metrics file and the console keep verl's one line per log())."""
         if self.anatomy is None or self.pid != os.getpid():
             return
-        try:
-            anatomy = self.anatomy.step_ended(trace_id, step, start_ns, end_ns, first)
-        except Exception:  # the numbers are an extra: never the training loop's problem
-            logger.exception("otel-tracking: measuring step %s's anatomy failed", step)
-            return
-        if anatomy is None:
-            return
+        late = self.step_roots.unended_before(but) if but is not None else []
+        with self._ended_lock:
+            due = {step: traces for step, traces in self._ended_roots.items() if step != but}
+            for step in due:
+                del self._ended_roots[step]
+        for step, trace in late:
+            due.setdefault(step, []).append(trace)
+        for step, traces in due.items():
+            try:
+                anatomy = self.anatomy.step_ended(step, traces)
+            except Exception:  # the numbers are an extra: never the training loop's problem
+                logger.exception("otel-tracking: measuring step %s's anatomy failed", step)
+                continue
+            if anatomy is not None:
+                self._send_anatomy(anatomy, max(t.end_ns for t in traces))
+
+    def _send_anatomy(self, anatomy: Anatomy, time_ns: int) -> None:
         self._latest_anatomy = anatomy
-        export_to(self.sinks, "metrics", StepBatch(self.resource, anatomy.step, anatomy.metrics(), {}, end_ns))
+        values = anatomy.metrics()
+        trackers = [sink for sink in self.sinks if sink.name not in VERL_LINES]
+        export_to(trackers, "metrics", StepBatch(self.resource, anatomy.step, values, {}, time_ns))
+        # (finish() measures the last steps before it shuts the log provider down)
+        self.event_logger.emit(
+            event_name=semconv.ANATOMY_EVENT, body=values, attributes={semconv.STEP: anatomy.step}, timestamp=time_ns
+        )
 
     # --- stalls ----------------------------------------------------------------------------------
 
@@ -447,6 +492,7 @@ class Run:
             span.end()
         self.open_spans.clear()
         self.step_roots.end_all(time.time_ns(), **{ENDED_BY: "finish"})
+        self._measure_steps()
         for provider in (self.tracer_provider, self.logger_provider):
             try:
                 provider.force_flush()
@@ -472,6 +518,7 @@ class Run:
         deadline = time.monotonic() + timeout_s
         if self.driver and not self.finished:
             self.step_roots.retire_closed()  # a logged step's root goes out now (step_roots.py)
+            self._measure_steps()  # and its anatomy
         self.tracer_provider.force_flush()
         self.logger_provider.force_flush()
         return flush_sinks(self.all_sinks, deadline)

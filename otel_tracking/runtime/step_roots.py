@@ -14,6 +14,15 @@ the root (it now says N) but does not end it yet:
 A root's end time is its last ``log()`` or its last span's end, whichever is later, so its
 duration is the step's, however late it is ended; it reaches the sinks when it ends, at the latest
 when the next step's first phase starts, at ``flush()`` or at ``finish()``.
+
+A span that starts after ``log(step=N)`` without ``step=`` cannot know whether step N will be
+logged again (``log(train, N)``, ``trace_state("validate")``, ``log(val, N)``) or step N + 1 is
+beginning, so it opens a new root; when the next ``log()`` says N again, that root says N too and
+links to the step's first root (both marked ``ml.step.continues``): the step's two roots, whose
+time spans follow each other, are measured as one step (``anatomy.py``), timed at the step
+(``exporters/timings.py``) and drawn as one (the timeline), though the phases under the second
+root say the next step (the step in progress when they began).  ``step=N`` on the span keeps it in
+the step's one trace.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Tracer
 
-from otel_tracking.signals.semconv import STEP, STEP_SPAN_NAME
+from otel_tracking.runtime.anatomy import StepTrace
+from otel_tracking.signals.semconv import CONTINUES, STEP, STEP_SPAN_NAME
 
 
 @dataclass
@@ -40,10 +50,14 @@ class StepRoot:
     retiring: bool = False  # the next step has begun: end as soon as no child is open
     start_ns: int = 0
     first: bool = False  # no log() before it: it started with the run
+    told: bool = False  # its step was measured before it ended (see unended_before)
+
+    def trace(self, end_ns: int) -> StepTrace:
+        return StepTrace(self.span.get_span_context().trace_id, self.start_ns, end_ns, self.first)
 
 
-# Told of each root as it ends: (trace id, step, start ns, end ns, first)
-RootEnded = Callable[[int, "int | None", int, int, bool], None]
+# Told of each root as it ends: its step (None: never logged) and its trace
+RootEnded = Callable[["int | None", StepTrace], None]
 
 
 class StepRoots:
@@ -55,7 +69,8 @@ class StepRoots:
         self._next_start_ns = started_ns
         self._logged_once = False
         self._on_ended = on_ended
-        self._ended: list[tuple[int, int | None, int, int, bool]] = []  # told outside the lock
+        self._ended: list[tuple[int | None, StepTrace]] = []  # told outside the lock
+        self._last_closed: StepRoot | None = None  # the root the last log() closed
 
     def context_for(self, ctx: Context, step_in_progress: int | None, said_step: int | None) -> Context:
         """``ctx`` with the step root a span starting now, outside any span, hangs under;
@@ -105,9 +120,28 @@ class StepRoots:
             if root is not None and root.closed_ns is not None and root.step != step:
                 self._retire(root)  # a step with no span of its own
             elif root is not None:
+                earlier = self._last_closed
+                if root.closed_ns is None and earlier is not None and earlier is not root and earlier.step == step:
+                    # the same step again, after a phase that began a root of its own: say so
+                    root.span.add_link(earlier.span.get_span_context(), {CONTINUES: True})
+                    root.span.set_attribute(CONTINUES, True)
                 root.step, root.closed_ns = step, now_ns
                 root.span.set_attribute(STEP, step)
+                self._last_closed = root
         self._tell_ended()
+
+    def unended_before(self, step: int) -> list[tuple[int, StepTrace]]:
+        """``log(step=step)``: the roots of other steps that have not ended yet (a span of theirs is
+        still open), each with its step and its trace up to its last ``log()`` or ended span; they
+        are measured now, before ``step``'s values (what is still open counts for no step), and
+        not told again when they end."""
+        found = []
+        with self._lock:
+            for root in self._by_trace.values():
+                if root.step is not None and root.step != step and root.closed_ns is not None and not root.told:
+                    root.told = True
+                    found.append((root.step, root.trace(max(root.closed_ns, root.last_end_ns))))
+        return found
 
     def retire_closed(self) -> None:
         """``flush()``: a closed step's root ends now (or once its last span ends) instead of at
@@ -142,9 +176,8 @@ class StepRoots:
         assert root.closed_ns is not None
         end_ns = max(root.closed_ns, root.last_end_ns)
         root.span.end(end_time=end_ns)
-        if self._on_ended is not None:
-            trace_id = root.span.get_span_context().trace_id
-            self._ended.append((trace_id, root.step, root.start_ns, end_ns, root.first))
+        if self._on_ended is not None and not root.told:
+            self._ended.append((root.step, root.trace(end_ns)))
 
     def _tell_ended(self) -> None:
         """Tell ``on_ended`` of the roots that ended, outside the lock (it may log at their step)."""

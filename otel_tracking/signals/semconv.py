@@ -34,6 +34,8 @@ ENDED_BY = "ml.span.ended_by"  # set on spans that finish() ended while still op
 # Events (log records) and their attributes.
 GENERATIONS_EVENT = "ml.validation.generations"
 STALL_EVENT = "ml.stall"  # a phase open past its bound (runtime/stalls.py)
+CONTINUES = "ml.step.continues"  # on a step's second root (logged again after a phase), and its link to the first
+ANATOMY_EVENT = "ml.step.anatomy"  # a step's anatomy/* values, at ml.step (runtime/anatomy.py)
 PHASE = "ml.phase"  # a phase's name (a trace_state span's), where it is an attribute
 BUCKET = "ml.bucket"  # where a share of a step went (runtime/anatomy.py), one of these but "enclosing":
 PRODUCTIVE, OVERHEAD, WASTED, IDLE, ENCLOSING = "productive", "overhead", "wasted", "idle", "enclosing"

@@ -24,6 +24,7 @@ import inspect
 from types import ModuleType
 from typing import Any
 
+from otel_tracking.compat import verl_internals
 from otel_tracking.verl.guard import cannot_patch, failed, logger, quietly
 from otel_tracking.verl.roles import role_of
 
@@ -173,11 +174,11 @@ def _detach(token: Any) -> None:
 
 
 def _patch_worker_group(base: ModuleType) -> None:
-    group = getattr(base, "RayWorkerGroup", None)
-    verl_execute = getattr(group, "_execute_remote_single_worker", None)
-    if verl_execute is None:
+    found = verl_internals.worker_group_execute(base)
+    if found is None:
         cannot_patch(base.__name__, ["RayWorkerGroup._execute_remote_single_worker"])
         return
+    group, verl_execute = found
     if getattr(verl_execute, _PATCHED, False):
         return
     from otel_tracking.verl.carriers import current_carrier
@@ -202,7 +203,7 @@ def _patch_worker_group(base: ModuleType) -> None:
 
     stalls.add_waiting_source(waiting.waiting_for)
     setattr(_execute_remote_single_worker, _PATCHED, True)
-    group._execute_remote_single_worker = _execute_remote_single_worker  # type: ignore[union-attr]
+    verl_internals.replace_worker_group_execute(group, _execute_remote_single_worker)
 
 
 _instrumented: list[bool] = []  # this job's workers: instrumented or not (decided once per process)

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from otel_tracking.compat import verl_internals
 from otel_tracking.runtime.anatomy import Call, add_call_source
 from otel_tracking.verl.roles import role_from_name
 
@@ -68,9 +69,8 @@ def sent(group: Any, worker: Any, method_name: str, ref: Any) -> None:
     run = current_run()
     if run is None or run.anatomy is None or not span.is_recording() or not isinstance(ref, ray.ObjectRef):
         return
-    workers = list(getattr(group, "_workers", None) or getattr(group, "workers", None) or ())
-    rank = next((i for i, w in enumerate(workers) if w is worker), -1)
-    call = _Sent(span.get_span_context().trace_id, span, _role(group, method_name), rank, len(workers), time.time_ns())
+    rank, size = verl_internals.rank_in_group(group, worker)
+    call = _Sent(span.get_span_context().trace_id, span, _role(group, method_name), rank, size, time.time_ns())
     global _thread
     with _cond:
         _pending[ref] = call

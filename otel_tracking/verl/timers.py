@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+from otel_tracking.compat import verl_internals
 from otel_tracking.verl import switch
 from otel_tracking.verl.guard import cannot_patch, quietly
 
@@ -24,11 +25,11 @@ _PATCHED = "__otel_tracking_patched__"
 
 
 def patch(performance: ModuleType) -> None:
-    verl_timer = getattr(performance, "_timer", None)
-    if getattr(verl_timer, _PATCHED, False):
-        return
-    if not callable(verl_timer):
+    verl_timer = verl_internals.performance_timer(performance)
+    if verl_timer is None:
         cannot_patch(performance.__name__, ["_timer"])
+        return
+    if getattr(verl_timer, _PATCHED, False):
         return
     simple = getattr(performance, "simple_timer", None)
     simple_code = getattr(getattr(simple, "__wrapped__", simple), "__code__", None)
@@ -47,7 +48,7 @@ def patch(performance: ModuleType) -> None:
     anatomy.measure_by_default()  # the phases are verl's: each step's anatomy says where it went
     setattr(_timer, _PATCHED, True)
     performance.verl_timer = verl_timer  # type: ignore[attr-defined]
-    performance._timer = _timer  # type: ignore[attr-defined]
+    verl_internals.replace_performance_timer(performance, _timer)
 
 
 def _open(name: Any) -> Any:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from otel_tracking.compat import verl_internals
+
 _lock = threading.Lock()
 # span id -> (the span, [(rank, actor handle, ObjectRef), ...]) of the driver spans still open
 _calls: dict[int, tuple[Any, list[tuple[int, Any, Any]]]] = {}
@@ -31,8 +33,7 @@ def remember(group: Any, worker: Any, ref: Any) -> None:
     if not span.is_recording() or not isinstance(ref, ray.ObjectRef):
         return
     forget_ended()
-    workers = list(getattr(group, "_workers", None) or getattr(group, "workers", None) or ())
-    rank = next((i for i, w in enumerate(workers) if w is worker), -1)
+    rank, _ = verl_internals.rank_in_group(group, worker)
     key = span.get_span_context().span_id
     with _lock:
         entry = _calls.get(key)

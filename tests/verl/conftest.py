@@ -16,6 +16,7 @@ NEEDS_VERL = [
     "test_agent_loop.py",
     "test_stall.py",
     "test_anatomy.py",
+    "test_verl_internals.py",
 ]
 
 # With ``tests`` on pytest's pythonpath, this folder itself is a namespace package named ``verl``:

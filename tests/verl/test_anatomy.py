@@ -1,7 +1,8 @@
 """Where each step went (issue 33), on verl's own classes switched on from outside: 4 actor ranks
 of a real ``RayWorkerGroup`` where rank 3's ``update_actor`` takes 0.6 s and the others' 0.2 s, a
 0.3 s ``gen`` on the driver and 0.3 s of every step in no phase (``run_anatomy.py``).  The file
-sink gets each step's anatomy at that step; the worker spans still arrive under their phase."""
+sink gets each step's anatomy at that step (in its events file; its metrics file keeps verl's one
+line per step); the worker spans still arrive under their phase."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from otel_tracking.exporters.file import read_anatomy
 from tests.otlp_receiver import HttpReceiver, wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -25,7 +27,7 @@ def test_each_steps_anatomy_names_the_straggler_and_agrees_with_the_loops_timing
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_", "RAY_ADDRESS", "LOOP_"))}
     with HttpReceiver() as receiver:
         env.update(
-            PYTHONPATH=str(HERE),
+            PYTHONPATH=os.pathsep.join((str(HERE), str(HERE.parent.parent))),  # this checkout's code
             VERL_FILE_LOGGER_PATH=str(tmp_path / "metrics.jsonl"),
             OTEL_TRACKING_SPOOL_DIR=str(tmp_path / "spool"),
             OTEL_TRACKING_VERL="1",
@@ -55,8 +57,9 @@ def test_each_steps_anatomy_names_the_straggler_and_agrees_with_the_loops_timing
         receiver.received.write_traces_as_otlp_json(tmp_path / "workers.otlp.jsonl")
     own = json.loads((tmp_path / "r.json").read_text())["own"]
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    anatomy = {line["step"]: line["data"] for line in lines if any(k.startswith("anatomy/") for k in line["data"])}
-    assert sorted(anatomy) == list(range(1, STEPS + 1)), lines  # each step, at that step
+    assert [line["step"] for line in lines] == list(range(1, STEPS + 1)), lines  # verl's one line per step
+    anatomy = read_anatomy(tmp_path / "metrics.jsonl")  # beside it, in the events file
+    assert sorted(anatomy) == list(range(1, STEPS + 1)), anatomy  # each step, at that step
 
     for step, timings in enumerate(own, start=1):
         got = anatomy[step]
