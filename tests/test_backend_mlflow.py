@@ -558,7 +558,7 @@ def test_replay_into_an_unreachable_mlflow_keeps_the_file_and_says_so(isolated: 
         text=True,
         timeout=120,
     )
-    assert done.returncode == 1
+    assert done.returncode == 75, "left for a later replay"
     assert f"{path}: not replayed (the backend did not open); kept for the next replay" in done.stderr
     assert "AttributeError" not in done.stderr
     assert path.read_bytes() == before

@@ -150,7 +150,7 @@ def test_cli_version_and_help_show_defaults() -> None:
         text = _cli(*command, "--help").stdout
         assert "`" not in text and "default: None" not in text, (command, text)
     replay_help = " ".join(_cli("replay", "--help").stdout.split())
-    assert "1 when something was not (kept for the next replay), was damaged or set aside in doubt" in replay_help
+    assert "75 when something is left for a later replay" in replay_help
     assert "130 when interrupted" in replay_help
 
 

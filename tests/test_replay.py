@@ -5,6 +5,7 @@ alone, and the other files go on."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -75,7 +76,7 @@ def test_damaged_records_are_skipped_and_named_and_everything_else_arrives(isola
     assert f"{damaged_path}: damaged record at byte {middle} skipped (checksum mismatch)" in done.stderr
     assert f"{damaged_path}: 38/40 records delivered (38/38 items), 2 damaged record(s) skipped" in done.stderr
     assert f"{intact_path}: 40/40 records delivered (40/40 items)" in done.stderr
-    assert not intact_path.exists() and intact_path.with_name("otlp-traces.jsonl.replayed").exists()
+    assert list(intact_path.parent.iterdir()) == [], "a log delivered in full is removed, its position with it"
 
 
 def test_an_empty_spool_file_is_nothing_to_replay_not_an_error(isolated: Path) -> None:
@@ -93,17 +94,29 @@ def test_an_empty_spool_file_is_nothing_to_replay_not_an_error(isolated: Path) -
     assert empty.exists(), "not renamed: a writer that just created it would go on writing to the renamed file"
 
 
-def test_a_file_still_being_written_is_left_alone(isolated: Path) -> None:
+def test_a_file_still_being_written_is_delivered_to_its_end_and_left_for_the_next_replay(isolated: Path) -> None:
+    """A running run's spool log (its writer holds it open): what it holds so far is delivered,
+    the log stays with its position, and the exit code says something is left (it was 0, and
+    ``replay && rm -rf spool`` deleted what the run appended later).  Once the writer is gone,
+    the next replay delivers only what came since and removes the log."""
     busy = _spool(isolated / "busy" / "otlp-traces.jsonl", "busy", 3)  # open: a running run's spool
     with HttpReceiver() as receiver:
         done = _replay(receiver, isolated / "busy")
-    assert "still being written by a running process; skipped" in done.stderr
-    assert busy.path.exists() and receiver.received.spans() == []
-    busy.close()
-    with HttpReceiver() as receiver:
-        done = _replay(receiver, isolated / "busy")
-        assert done.returncode == 0, done.stderr
-        wait_for(lambda: len(receiver.received.spans()) == 3, what="3 spans once the writer closed it")
+        assert done.returncode == 75, done.stderr
+        assert f"{busy.path}: 3/3 records delivered (3/3 items); a running process still writes it" in done.stderr
+        assert "1 file(s) still being written by a running process, left for the next replay" in done.stderr
+        wait_for(lambda: len(receiver.received.spans()) == 3, what="the 3 spans written so far")
+        assert busy.path.exists() and busy.path.with_name("otlp-traces.jsonl.pos").exists()
+        again = _replay(receiver, isolated / "busy")
+        assert again.returncode == 75, again.stderr
+        assert "nothing new; a running process still writes it" in again.stderr
+        _spool(busy.path, "later", 2).close()  # the run goes on appending (another writer of it)
+        busy.close()
+        final = _replay(receiver, isolated / "busy")
+        assert final.returncode == 0, final.stderr
+        names = wait_for(lambda: len(receiver.received.spans()) == 5 and receiver.received.spans(), what="5 spans")
+    assert sorted(span["name"] for span in names) == ["busy-0", "busy-1", "busy-2", "later-0", "later-1"]
+    assert list(busy.path.parent.iterdir()) == []
 
 
 def test_a_path_that_does_not_exist_is_an_error(isolated: Path) -> None:
@@ -135,7 +148,7 @@ def test_the_progress_bar_fills_with_what_was_delivered(isolated: Path, monkeypa
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_TRACKING_MAX_ATTEMPTS", "1")
     down = _Terminal()
-    assert replay.main([str(path)], out=down) == 1
+    assert replay.main([str(path)], out=down) == 75, "something is left for the next replay"
     empty = "." * 30
     assert _bar_frames(down.getvalue()) == [
         f"otlp-traces <- otlp-traces.jsonl [{empty}] 0/2 delivered, 1 not",
@@ -172,7 +185,7 @@ def test_replay_with_the_endpoint_down_prints_lines_and_a_summary_when_not_a_ter
         text=True,
         timeout=120,
     )
-    assert done.returncode == 1
+    assert done.returncode == 75
     assert "\r" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if "is not reachable now" not in line]
     where = f"OTLP http/protobuf -> {endpoint} (traces, metrics, logs)"
@@ -191,14 +204,16 @@ def test_replay_with_the_endpoint_down_prints_lines_and_a_summary_when_not_a_ter
 
 
 def test_a_file_replayed_already_is_refused(isolated: Path) -> None:
-    """``replay x.jsonl.replayed`` sent everything again and exited 0: now one line says why not
-    and how to do it on purpose, exit code 1, and nothing is sent."""
+    """``replay x.jsonl.replayed`` (an older release renamed a log it delivered in full so) sent
+    everything again and exited 0: now one line says why not and how to do it on purpose, exit
+    code 1, and nothing is sent."""
     path = isolated / "run" / "otlp-traces.jsonl"
     _spool(path, "r", 2).close()
     with HttpReceiver() as receiver:
         assert _replay(receiver, path).returncode == 0
         wait_for(lambda: len(receiver.received.spans()) == 2, what="2 spans")
         replayed = path.with_name("otlp-traces.jsonl.replayed")
+        _spool(replayed, "r", 2).close()
         again = _replay(receiver, replayed)
         assert again.returncode == 1
         assert again.stderr == (
@@ -399,3 +414,151 @@ def test_replay_goes_through_the_sinks_queue_in_bulk_and_retries_there(
     run = readers_mlflow.only_run(client, client.get_experiment_by_name("p").experiment_id)
     expected = sorted([("loss", s, s / 10) for s in range(steps)] + [("lr", s, 1e-3) for s in range(steps)])
     assert sorted(readers_mlflow.metric_triples(client, run.info.run_id)) == expected
+
+
+def test_the_exit_code_of_something_left_is_in_replays_help() -> None:
+    """``--help`` (and the CLI reference, generated from the same parser) says what 75 means."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "replay", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert "Exit code 0 only when everything was delivered and nothing is left to deliver" in shown.stdout
+    assert "75 when something is left for a later replay: a file a running process still writes" in shown.stdout
+
+
+@pytest.mark.backend  # MLflow: not in the floor venv, which has no tracker extras
+def test_a_replay_mlflow_refuses_midway_leaves_only_what_did_not_land_and_the_next_sends_each_point_once(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow goes away midway through a group of steps: its first request landed (some keys of
+    each step), the next did not, and the steps behind were never tried.  Nothing goes to a second
+    file: the position stays before the first step not delivered in full and notes what of each
+    step is left.  The next replay sends only that, into the same run (the spool named none: the
+    first replay made it): each (key, step) reaches MLflow once."""
+    from mlflow.tracking import MlflowClient
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_tracking.delivery import replay
+    from otel_tracking.signals.steps import StepBatch
+    from tests import readers_mlflow
+
+    uri = f"sqlite:///{isolated / 'mlflow.db'}"
+    path = isolated / "spool" / "p" / "e-r1" / "mlflow.jsonl"
+    header = {"sink": "mlflow", "project": "p", "experiment": "e", "run_id": "r1", "pid": 1}
+    spool = Spool(path, {**header, "destination": {"MLFLOW_TRACKING_URI": uri}})
+    steps, keys = 300, [f"k{k:02d}" for k in range(60)]  # 16 steps fill a request of 1,000 metrics
+    for step in range(steps):
+        values = {key: step + k / 10 for k, key in enumerate(keys)}
+        spool.write("metrics", StepBatch(Resource.create({}), step, values, {}, 1 + step))
+    spool.close()
+    landed: list[tuple[str, int]] = []
+    big: list[int] = []
+    real = MlflowClient.log_batch
+    down = True
+
+    def gone_midway(self: MlflowClient, run_id: str, metrics: Any = (), **kwargs: Any) -> Any:
+        if down and big:  # gone after the first full request: the rest of its group does not land
+            raise ConnectionError("gone")
+        answer = real(self, run_id, metrics=metrics, **kwargs)
+        if len(metrics) >= 1000:
+            big.append(len(metrics))
+        landed.extend((m.key, m.step) for m in metrics)
+        return answer
+
+    monkeypatch.setattr(MlflowClient, "log_batch", gone_midway)
+    monkeypatch.setenv("OTEL_TRACKING_MAX_ATTEMPTS", "1")
+    first = io.StringIO()
+    assert replay.main([str(path)], out=first) == 75, first.getvalue()
+    assert "not delivered: kept for the next replay" in first.getvalue()
+    assert sorted(path.parent.iterdir()) == [path, path.with_name("mlflow.jsonl.pos")], "no second file"
+    position = json.loads(path.with_name("mlflow.jsonl.pos").read_text())
+    assert any(state == "rest" for _, _, state, _ in position["after"]), "steps that landed in part"
+    partly = {step for _, step in landed} - {step for step in range(steps) if all((k, step) in landed for k in keys)}
+    assert partly, "the first replay left steps of which some keys landed"
+
+    down = False
+    second = io.StringIO()
+    assert replay.main([str(path)], out=second) == 0, second.getvalue()
+    assert list(path.parent.iterdir()) == []
+    twice = [point for point in set(landed) if landed.count(point) > 1]
+    assert not twice, f"sent twice: {sorted(twice)[:5]}"
+    client = readers_mlflow.client(uri)
+    run = readers_mlflow.only_run(client, client.get_experiment_by_name("p").experiment_id)
+    expected = sorted((key, s, s + k / 10) for s in range(steps) for k, key in enumerate(keys))
+    assert sorted(readers_mlflow.metric_triples(client, run.info.run_id)) == expected
+
+
+def test_an_older_releases_interrupted_replay_is_carried_over(isolated: Path) -> None:
+    """An older release's replay, stopped, left ``<file>.position`` (inode, offset of the first
+    record not settled, length of its ``.retry`` file, in flight, where the flight ended) and
+    ``<file>.retry`` (what the backend refused, then a record it had begun to write again).  This
+    release delivers what the retry file held up to that length, then the log from that offset:
+    nothing twice, nothing lost, and no file of either left."""
+    run = isolated / "run"
+    path = run / "otlp-traces.jsonl"
+    _spool(path, "log", 5).close()
+    lines = path.read_bytes().splitlines(keepends=True)
+    offset = sum(len(line) for line in lines[:4])  # the header and records 0-2 were settled
+    retry = _spool(run / "otlp-traces.jsonl.retry", "refused", 1)  # record 1 was refused
+    retry.close()
+    length = retry.path.stat().st_size
+    _spool(retry.path, "written-again", 1).close()  # past the length the position names: not to send
+    position = run / "otlp-traces.jsonl.position"
+    position.write_text(f"{path.stat().st_ino:020d} {offset:020d} {length:020d} 0 {0:020d}\n")
+    with HttpReceiver() as receiver:
+        done = _replay(receiver, run)
+        assert done.returncode == 0, done.stderr
+        names = wait_for(lambda: len(receiver.received.spans()) >= 3 and receiver.received.spans(), what="3 spans")
+    assert sorted(span["name"] for span in names) == ["log-3", "log-4", "refused-0"]
+    assert list(run.iterdir()) == []
+
+
+def test_records_a_killed_replay_had_on_their_way_are_set_aside_and_can_be_replayed_by_name(isolated: Path) -> None:
+    """The position says two records were on their way when replay was killed: the next replay
+    does not send them (they may have arrived), copies them to ``<file>.in-doubt``, a spool file
+    of its own, delivers the rest and exits 75; replaying that file by name delivers them."""
+    from otel_tracking.delivery.position import LogPosition, log_id
+    from otel_tracking.delivery.spool import read_header
+
+    run = isolated / "run"
+    path = run / "otlp-traces.jsonl"
+    _spool(path, "r", 5).close()
+    _, header_line = read_header(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    first, third = len(lines[0]), sum(len(line) for line in lines[:3])
+    LogPosition(run / "otlp-traces.jsonl.pos", log_id(path, header_line), first, third).save()
+    doubt = run / "otlp-traces.jsonl.in-doubt"
+    with HttpReceiver() as receiver:
+        done = _replay(receiver, run)
+        assert done.returncode == 75, done.stderr
+        assert "a replay was killed while 2 record(s) were on their way" in done.stderr
+        assert f"{path}: 3/3 records delivered (3/3 items), 2 set aside in doubt (*.in-doubt)" in done.stderr
+        assert sorted(p.name for p in run.iterdir()) == [doubt.name]
+        wait_for(lambda: len(receiver.received.spans()) == 3, what="3 spans")
+        by_name = _replay(receiver, doubt)
+        assert by_name.returncode == 0, by_name.stderr
+        names = wait_for(lambda: len(receiver.received.spans()) == 5 and receiver.received.spans(), what="5 spans")
+    assert sorted(span["name"] for span in names) == [f"r-{i}" for i in range(5)]
+    assert list(run.iterdir()) == []
+
+
+def test_two_replays_of_one_run_take_turns(isolated: Path) -> None:
+    """A replay while another holds the run's directory leaves its files to that one (exit 75)."""
+    import fcntl
+
+    run = isolated / "run"
+    _spool(run / "otlp-traces.jsonl", "r", 2).close()
+    other = os.open(run, os.O_RDONLY)  # another replay's turn
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        with HttpReceiver() as receiver:
+            done = _replay(receiver, run)
+            assert done.returncode == 75, done.stderr
+            assert "another replay is delivering this run's logs right now; left to it" in done.stderr
+            assert receiver.received.spans() == []
+    finally:
+        os.close(other)
+    assert (run / "otlp-traces.jsonl").exists()

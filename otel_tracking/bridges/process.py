@@ -296,7 +296,7 @@ class BridgeProcess:
             return False
         return True
 
-    def _keep(self, kind: str, message: _Message) -> str:
+    def _keep(self, kind: str, message: _Message, tokens: Sequence[Any] = ()) -> str:
         """Spool a message for each tracker still waiting for it (every one, if it never reached the
         pipe); whoever comes first (the link's queue giving it up, the child's death) spools it,
         and only once.  Its outcome for the queue's ledger."""

@@ -151,11 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
         "replay",
         help="deliver spooled data (what a sink could not take) into its sink",
         epilog="Each file goes where its run went (the OTLP endpoint or MLflow URI kept in its header) unless "
-        "OTEL_EXPORTER_OTLP_ENDPOINT or MLFLOW_TRACKING_URI say otherwise. A file delivered in full is renamed "
-        "*.replayed and not replayed again. Stopped (Ctrl-C, SIGTERM, a kill), the next replay goes on where it "
-        "stopped: no record is delivered twice. Exit code 0 when everything was delivered; 1 when something was not "
-        "(kept for the next replay), was damaged or set aside in doubt, for a path that does not exist and for a "
-        "*.replayed file; 130 when interrupted.",
+        "OTEL_EXPORTER_OTLP_ENDPOINT or MLFLOW_TRACKING_URI say otherwise. Replay keeps its place beside each file "
+        "(<file>.pos) and never moves a file a running job may still append to: a file still being written is "
+        "delivered up to its end and left for the next replay; a file delivered in full, that nothing writes, is "
+        "removed. Stopped (Ctrl-C, SIGTERM, a kill), the next replay goes on where it stopped: no record is "
+        "delivered twice (records a killed replay had on their way are set aside in <file>.in-doubt). "
+        "Exit code 0 only when everything was delivered and nothing is left to deliver (then the spool may be "
+        "deleted); 75 when something is left for a later replay: a file a running process still writes, records "
+        "the backend did not take, records set aside in doubt, a file not replayed; 1 for a path that does not "
+        "exist, a *.replayed file of an older release, or damaged records skipped; 130 when interrupted.",
     )
     replay.add_argument(
         "paths", nargs="*", help="spool files or directories (default: the whole spool, OTEL_TRACKING_SPOOL_DIR)"

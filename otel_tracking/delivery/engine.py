@@ -152,8 +152,9 @@ class SinkQueue:
     hears of every submitted item that reached its end (``outcome``: "delivered", "spooled" or
     "dropped"), by the token it was submitted with; ``progressed()``, when given, hears when part
     of a group landed before any of its items is settled.  ``held``: the backend is still opening (see
-    :meth:`release`).  ``set_aside(kind, payload) -> outcome``, when given, keeps what cannot be
-    delivered instead of ``spool`` (the bridge link spools an item for each tracker it is for).
+    :meth:`release`).  ``set_aside(kind, payload, tokens) -> outcome``, when given, keeps what
+    cannot be delivered instead of ``spool`` (the bridge link spools an item for each tracker it is
+    for; replay leaves it in its log and notes what of it is left, by its tokens).
 
     Every move of an item (handed, queued, taken, delivered, spooled, dropped) happens under one
     condition lock together with its count in :attr:`ledger`; exports and retry waits happen
@@ -169,7 +170,7 @@ class SinkQueue:
         *,
         done: Callable[[Any, str], None] | None = None,
         held: bool = False,
-        set_aside: Callable[[str, Any], str] | None = None,
+        set_aside: Callable[[str, Any, list[Any]], str] | None = None,
         deliver_many: Callable[[str, list[Any], Callable[[], None]], list[Landed]] | None = None,
         progressed: Callable[[], None] | None = None,
     ) -> None:
@@ -248,7 +249,7 @@ class SinkQueue:
             self.ledger.handed += n
             full = len(self._items) >= self.policy.queue_size
             if self._closed or (full and not self._opening):
-                self._report_done([token], self._set_aside(kind, payload))
+                self._report_done([token], self._set_aside(kind, payload, [token]))
                 return
             if full:
                 # Held for a backend still opening: the oldest goes to the spool instead, so the
@@ -256,7 +257,7 @@ class SinkQueue:
                 # replay delivers in order) and the newest wait to go live.
                 old_kind, old_payload, old_token = self._items.popleft()
                 self.ledger.queued -= item_count(old_kind, old_payload)
-                self._report_done([old_token], self._set_aside(old_kind, old_payload))
+                self._report_done([old_token], self._set_aside(old_kind, old_payload, [old_token]))
             self._items.append((kind, payload, token))
             self.ledger.queued += n
             if len(self._items) == 1 or len(self._items) >= _MAX_MERGE:
@@ -346,7 +347,7 @@ class SinkQueue:
     def _set_aside_entry(self, kind: str, entry: _Entry) -> list[tuple[list[Any], str]]:
         """(Under the lock.)  Set an in-flight item aside as it was submitted (a merged run of
         spans or log records as one record each); the outcome of each part's tokens."""
-        return [(tokens, self._set_aside(kind, payload)) for payload, tokens in entry.parts()]
+        return [(tokens, self._set_aside(kind, payload, tokens)) for payload, tokens in entry.parts()]
 
     def _report_done(self, tokens: list[Any], outcome: str) -> None:
         if self._done is not None:
@@ -405,10 +406,10 @@ class SinkQueue:
             left.append(entry)
         return left
 
-    def _set_aside(self, kind: str, payload: Any) -> str:
+    def _set_aside(self, kind: str, payload: Any, tokens: list[Any]) -> str:
         if self._keep is None:
             return set_aside(self.name, self.spool, kind, payload, self._count)
-        outcome = self._keep(kind, payload)
+        outcome = self._keep(kind, payload, tokens)
         self._count(outcome, item_count(kind, payload))
         return outcome
 
@@ -473,7 +474,7 @@ class SinkQueue:
             while self._items:
                 kind, payload, token = self._items.popleft()
                 self.ledger.queued -= item_count(kind, payload)
-                self._report_done([token], self._set_aside(kind, payload))
+                self._report_done([token], self._set_aside(kind, payload, [token]))
             self._closed = True
             self._lock.notify_all()
             stalled_at = max(since, self._last_delivery) + stall_s

@@ -1,23 +1,31 @@
-"""``otel-tracking replay``: deliver what a sink could not take, from its spool, into that sink.
+"""``otel-tracking replay``: deliver what a sink could not take, from its spool log, into that sink.
 
-Each spool file (``<spool dir>/<project>/<experiment>-<run id>/<sink>.jsonl``) starts with a header
+Each spool log (``<spool dir>/<project>/<experiment>-<run id>/<sink>.jsonl``) starts with a header
 naming the sink and the run; replay rebuilds that sink from the header and the *current*
 environment (so point ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``MLFLOW_TRACKING_URI`` where the data
 should go now), reattaches to the backend's run where the tracker supports it (MLflow: the same run
 id), and hands every record, in order, to the sink's queue: the same engine as in a run, with its
-retries and its bulk path (MLflow packs many steps into one request).  What the queue cannot
-deliver goes to its spool, a ``.retry`` file, for the next replay; a fully replayed file is
-renamed ``*.replayed`` (so nothing is delivered twice; naming one is refused).  It says, per file,
-what was delivered (in records, and in the items a run's summary counts), then sums up all files.
+retries and its bulk path (MLflow packs many steps into one request).
 
-A replay that is interrupted goes on where it stopped (:class:`Position`): each record is delivered
-at most once, however often replay is stopped and started again.  Ctrl-C or SIGTERM stop it once
-the records on their way (at most ``_WINDOW``) are settled; a replay killed while records were on
-their way sets those aside (``*.in-doubt``, said so) rather than deliver them a second time.
+Replay is a reader of an append-only log with a position (``delivery/position.py``): it never
+renames, swaps or truncates a log, so a process that still appends to it (a job still running)
+loses nothing: what it appends lands after the position, where the next replay reads.  The
+position moves past a record once the tracker has it; the first record the sink cannot deliver
+stops the replay of that log, and the position stays before it (the next replay retries from
+there).  A log whose every record is delivered and which no writer holds (``flock``, see
+``spool.Spool``) is removed; one a writer still holds is delivered up to its end and left for the
+next replay.  Replays of one run's directory take turns (an ``flock`` on the directory).
+
+Ctrl-C or SIGTERM stop a replay once the records on their way are settled; a replay killed while
+records were on their way leaves them to the next one, which sets them aside in ``<log>.in-doubt``
+rather than deliver them a second time: each record is delivered at most once.
+
+Exit code 0 only when everything was delivered and nothing is left in the spool to deliver.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import os
@@ -25,8 +33,7 @@ import re
 import signal
 import sys
 import threading
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -34,40 +41,56 @@ from typing import Any, TextIO
 from otel_tracking.config.destinations import with_destination
 from otel_tracking.config.paths import spool_root
 from otel_tracking.config.settings import Settings, build_settings
+from otel_tracking.delivery.codec import DECODERS, ENCODERS
 from otel_tracking.delivery.engine import SinkQueue, item_count
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.spool import Damaged, Spool, read_spool_from, unframe
+from otel_tracking.delivery.position import (
+    IN_DOUBT,
+    LEGACY_RETRY,
+    DamagedPosition,
+    LogPosition,
+    Settled,
+    migrate_legacy,
+)
+from otel_tracking.delivery.spool import CUT_SHORT, Damaged, Frame, read_frames, read_header, unframe
 from otel_tracking.signals.steps import step_batch_of
 
-REPLAYED = ".replayed"  # the suffix of a file delivered in full
-IN_DOUBT = ".in-doubt"  # records a killed replay had on their way: delivered or not, nobody knows
+REPLAYED = ".replayed"  # the suffix an older release gave a log delivered in full
 _OTLP = {"otlp-metrics": "metrics", "otlp-traces": "traces", "otlp-logs": "logs"}
 
+# Exit codes: 1 an error (a path that does not exist, damaged records skipped); LEFT something is
+# still in the spool to deliver (a log a running process writes, records the backend did not take,
+# records in doubt, a log not replayed): run replay again later, and do not delete the spool.
+LEFT = 75  # EX_TEMPFAIL in sysexits.h: "try again later"
+INTERRUPTED = 130
 
 _ATTEMPT = re.compile(r"\.attempt(\d+)(?=\.)")
 # Files of older releases: what the training process spooled when the bridge process was gone had a
-# file of its own (it now appends to the sink's file).
+# file of its own (it now appends to the sink's file); an interrupted replay kept what the backend
+# refused in ``<log>.retry``.
 _LINK = re.compile(r"\.link(?=\.jsonl$)")
 
 
 def spool_files(paths: Iterable[Path]) -> list[Path]:
-    """The spool files under ``paths``, in the order their items were logged: a sink's file of
+    """The spool logs under ``paths``, in the order their items were logged: a sink's log of
     each attempt of a run after the attempt before it (``mlflow.jsonl``, ``mlflow.attempt2.jsonl``,
-    ...), whatever their names sort as."""
+    ...), whatever their names sort as; an older release's ``<log>.retry`` just before its log."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
             found.extend(p for p in path.rglob("*.jsonl") if p.is_file())
+            found.extend(p for p in path.rglob(f"*.jsonl{LEGACY_RETRY}") if p.is_file())
         elif path.is_file():
             found.append(path)
     return sorted(dict.fromkeys(found), key=_logged_order)
 
 
-def _logged_order(path: Path) -> tuple[str, str, int, str]:
-    """(directory, the sink's file name without attempt or link tag, attempt, name)."""
-    match = _ATTEMPT.search(path.name)
+def _logged_order(path: Path) -> tuple[str, str, int, str, int]:
+    """(directory, the sink's file name without attempt or link tag, attempt, name, retry first)."""
+    name = path.name.removesuffix(LEGACY_RETRY)
+    match = _ATTEMPT.search(name)
     attempt = int(match.group(1)) if match else 1
-    return str(path.parent), _LINK.sub("", _ATTEMPT.sub("", path.name)), attempt, path.name
+    return str(path.parent), _LINK.sub("", _ATTEMPT.sub("", name)), attempt, name, int(name == path.name)
 
 
 def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None) -> tuple[Sink, Settings]:
@@ -96,80 +119,6 @@ def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None
         remembered = {signal: str(resume["endpoint"])} if resume.get("endpoint") else None
         return build_otlp_sinks(settings, remembered)[signal], settings
     return build_sink(name, settings, RunConfig(), resume=header.get("resume")), settings
-
-
-class Position:
-    """How far the replay of one spool file got, kept beside it in ``<file>.position`` so that a
-    replay stopped by Ctrl-C, SIGTERM or SIGKILL goes on from there instead of delivering again.
-
-    One fixed-width line, rewritten in place (one ``pwrite``) as records are handed to the sink
-    and as they are settled: the spool file's inode (a file replaced since, by a replay that ended,
-    makes the position stale), the offset of the first record not settled yet, the length of the
-    ``.retry`` file so far (records the backend refused: the next replay truncates it there, so none
-    is written twice), whether records from that offset on are on their way, and where the last
-    record on its way ends.  No fsync: it is there for a process that stops, and the page cache
-    outlives the process (a machine that crashes may deliver its last records again)."""
-
-    _FORMAT = "{:020d} {:020d} {:020d} {:d} {:020d}\n"
-
-    def __init__(
-        self, path: Path, inode: int, offset: int | None, retry_length: int, in_flight: bool, flight_end: int = 0
-    ) -> None:
-        self.path, self.inode = path, inode
-        self.offset, self.retry_length, self.in_flight = offset, retry_length, in_flight
-        self.flight_end = flight_end  # 0: the one record at ``offset`` (a position of an older release)
-        self._fd: int | None = None
-
-    @classmethod
-    def of(cls, spool_path: Path, inode: int) -> Position:
-        """The position left by an earlier replay of the file with this inode, or the start."""
-        path = spool_path.with_name(spool_path.name + ".position")
-        try:
-            inode_s, offset_s, retry_s, flight_s, *end = path.read_text().split()
-            if int(inode_s) == inode:
-                return cls(path, inode, int(offset_s), int(retry_s), flight_s == "1", int(end[0]) if end else 0)
-        except (OSError, ValueError):  # none, or a torn first write: nothing was delivered yet
-            pass
-        return cls(path, inode, None, 0, False)
-
-    @property
-    def resumed(self) -> bool:
-        return self.offset is not None
-
-    def mark(self, offset: int, retry_length: int, in_flight: bool, flight_end: int = 0) -> None:
-        self.offset, self.retry_length, self.in_flight, self.flight_end = offset, retry_length, in_flight, flight_end
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
-        line = self._FORMAT.format(self.inode, offset, retry_length, in_flight, flight_end)
-        os.pwrite(self._fd, line.encode(), 0)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def remove(self) -> None:
-        self.close()
-        self.path.unlink(missing_ok=True)
-
-
-def _set_aside_in_doubt(path: Path, offset: int, end: int) -> tuple[int, int]:
-    """Move the records from ``offset`` to ``end`` (those a killed replay had on their way; at
-    least the one at ``offset``) to ``<file>.in-doubt``: (the offset after them, how many)."""
-    moved: list[bytes] = []
-    with open(path, "rb") as f:
-        f.seek(offset)
-        for line in iter(f.readline, b""):
-            if line.strip():  # blank lines are skipped (as the reader skips them)
-                if moved and offset >= end:
-                    break
-                moved.append(line)
-            offset += len(line)
-    doubt = path.with_name(path.name + IN_DOUBT)
-    with open(doubt, "ab") as f:
-        f.write(b"".join(moved))
-    os.chmod(doubt, 0o600)
-    return offset, len(moved)
 
 
 class Interrupt:
@@ -235,7 +184,7 @@ class Progress:
         self.out.write(line + "\n")
 
 
-def _records_in(path: Path, start: int | None = None) -> tuple[int, int]:
+def _records_in(path: Path, start: int) -> tuple[int, int]:
     """(records before ``start``, records from there on), less the header."""
     before = after = 0
     with open(path, "rb") as f:
@@ -243,7 +192,7 @@ def _records_in(path: Path, start: int | None = None) -> tuple[int, int]:
         offset = f.tell()
         for line in f:
             if line.strip() and b'{"header"' not in line[:20]:  # a second writer's header is no record
-                if start is not None and offset < start:
+                if offset < start:
                     before += 1
                 else:
                     after += 1
@@ -265,15 +214,16 @@ def _end_record(path: Path) -> int | None:
 
 
 _COUNTS: tuple[str, ...] = ("records", "delivered", "failed", "damaged", "items", "items_delivered")
-_COUNTS += ("busy", "skipped", "interrupted", "in_doubt")
+_COUNTS += ("writing", "left", "skipped", "interrupted", "in_doubt")
 
 
 def _counts(**nonzero: int) -> dict[str, int]:
     """One file's outcome: its records (less an end record), those delivered, failed (kept for the
     next replay) and damaged (skipped); the items in them (spans, log records, log() calls: what
-    a run's summary counts) and those delivered; busy (another process writes the file),
-    skipped (not replayed at all, already said why), interrupted (stopped before its end, goes on
-    at the next replay) and in_doubt (set aside: a killed replay had them on their way)."""
+    a run's summary counts) and those delivered; writing (a running process still writes the log:
+    what it adds waits for the next replay), left (not replayed, said why, kept for a later
+    replay), skipped (nothing more to say of it), interrupted (stopped before its end, goes on at
+    the next replay) and in_doubt (set aside: a killed replay had them on their way)."""
     return {**dict.fromkeys(_COUNTS, 0), **nonzero}
 
 
@@ -283,191 +233,317 @@ _WINDOW = 256
 
 
 class _Record:
-    """One record on its way: where it ends in the file, its items, and its outcome once settled."""
+    """One record on its way: where it lies, its items, the payload handed (until settled), and
+    what of it is left when the sink did not take it all."""
 
-    __slots__ = ("end", "items", "outcome")
+    __slots__ = ("end", "items", "payload", "rest", "start")
 
-    def __init__(self, end: int, items: int, outcome: str | None = None) -> None:
-        self.end, self.items, self.outcome = end, items, outcome
+    def __init__(self, frame: Frame, items: int, payload: Any, rest: dict[str, Any] | None) -> None:
+        self.start, self.end, self.items, self.payload, self.rest = frame.start, frame.end, items, payload, rest
 
 
 class _Window:
-    """The records of one file on their way through the sink's queue, in file order, and the
-    position beside the file: the first record not settled yet (where a stopped replay goes on)
-    and where the last one on its way ends (a replay killed meanwhile sets them aside as in doubt).
-    The queue's thread settles them (``settled``, its ``done``): counted, drawn, and the position moved."""
+    """The records of one log on their way through the sink's queue, and the log's position,
+    saved at each move: a record is on its way from when it is handed (a replay killed then leaves
+    it in doubt) until the queue's thread settles it (``settled``, its ``done``).  The first record
+    the sink does not take (``keep``, the queue's set-aside) stops the replay: nothing after it is
+    tried, so the position can stay before it without anything after it having arrived."""
 
-    def __init__(self, position: Position, retry_path: Path, counts: dict[str, int], progress: Progress, at: int):
-        self._position, self._retry_path, self._counts, self._progress = position, retry_path, counts, progress
+    def __init__(self, position: LogPosition, counts: dict[str, int], progress: Progress) -> None:
+        self.position, self._counts, self._progress = position, counts, progress
         self._lock = threading.Lock()
-        self._records: deque[_Record] = deque()
-        self._settled_to = at  # every record before this offset is settled
-        self._handed_to = at
-        self.broken = False  # the retry file could not be written: replay stops, the rest waits
+        self._on_its_way = 0
+        self.stopped = False  # a record was not delivered: nothing more is tried in this replay
 
     def on_its_way(self) -> int:
         with self._lock:
-            return len(self._records)
+            return self._on_its_way
 
-    def hand(self, end: int, items: int) -> _Record:
-        """A record (ending at ``end``) is handed to the queue: counted, and on its way from now on."""
-        record = _Record(end, items)
+    def guard(self, deliver: Callable[[str, Any], bool]) -> Callable[[str, Any], bool]:
+        return lambda kind, payload: False if self.stopped else deliver(kind, payload)
+
+    def guard_many(self, deliver_many: Callable[..., list[Any]] | None) -> Callable[..., list[Any]] | None:
+        if deliver_many is None:
+            return None
+        many = deliver_many
+
+        def guarded(kind: str, payloads: list[Any], progress: Callable[[], None]) -> list[Any]:
+            return [False] * len(payloads) if self.stopped else many(kind, payloads, progress)
+
+        return guarded
+
+    def hand(self, frame: Frame, kind: str, payload: Any, rest: dict[str, Any] | None) -> _Record:
+        """A record is handed to the queue: counted, and on its way from now on."""
+        record = _Record(frame, item_count(kind, payload), payload, rest)
         with self._lock:
             self._counts["records"] += 1
-            self._counts["items"] += items
-            self._records.append(record)
-            self._handed_to = end
-            self._mark()
+            self._counts["items"] += record.items
+            self._on_its_way += 1
+            position = self.position
+            if rest is not None:
+                position.after[frame.start] = Settled(frame.end, "way", rest)
+            else:
+                position.after.pop(frame.start, None)
+            position.handed = max(position.handed, frame.end)
+            position.save()
         return record
 
-    def skip(self, end: int, damaged: str | None = None) -> None:
-        """A record with nothing to deliver: the run's end, or a damaged one (``damaged`` says so)."""
+    def skip(self, frame: Frame, damaged: str | None = None) -> None:
+        """A record with nothing to deliver: the run's end, one delivered by an earlier replay, or
+        a damaged one (``damaged`` says so)."""
         with self._lock:
             if damaged is not None:
                 self._progress.say(damaged)
                 self._counts["records"] += 1
                 self._counts["damaged"] += 1
                 self._progress.step(False)
-            self._records.append(_Record(end, 0, "skipped"))
-            self._handed_to = end
-            self._advance()
+            self._move(frame.start, Settled(frame.end, "landed"))
+
+    def left(self, frame: Frame) -> None:
+        """A record not tried, after the replay stopped: counted as not delivered."""
+        if isinstance(frame.item, Damaged) or frame.item[0] == "end":
+            return
+        with self._lock:
+            self._counts["records"] += 1
+            self._counts["failed"] += 1
+            self._counts["items"] += item_count(*frame.item)
+            self._progress.step(False)
+
+    def keep(self, kind: str, payload: Any, tokens: list[Any]) -> str:
+        """The queue's set-aside: the sink did not take ``payload`` (all of the records of
+        ``tokens``, or what is left of one): it stays in the log, and replay stops."""
+        self.stopped = True
+        for record in tokens:
+            if payload is not record.payload and kind in ENCODERS:  # part of it landed: keep the rest
+                record.rest = {"kind": kind, "data": ENCODERS[kind](payload)}
+        return "spooled"
 
     def settled(self, record: _Record, outcome: str) -> None:
         with self._lock:
-            if outcome == "dropped":  # not in the retry file either: it stays on its way (in doubt)
-                self.broken = True
-                return
-            record.outcome = outcome
+            self._on_its_way -= 1
+            record.payload = None
             delivered = outcome == "delivered"
             self._counts["delivered" if delivered else "failed"] += 1
             self._counts["items_delivered"] += record.items if delivered else 0
             self._progress.step(delivered)
-            self._advance()
+            state = "landed" if delivered else "rest" if record.rest is not None else "kept"
+            self._move(record.start, Settled(record.end, state, None if delivered else record.rest))
 
-    def _advance(self) -> None:
-        while self._records and self._records[0].outcome is not None:
-            self._settled_to = self._records.popleft().end
-        self._mark()
-
-    def _mark(self) -> None:
-        retry_length = self._retry_path.stat().st_size if self._counts["failed"] else self._position.retry_length
-        self._position.mark(self._settled_to, retry_length, bool(self._records), self._handed_to)
+    def _move(self, start: int, settled: Settled) -> None:
+        position = self.position
+        position.after[start] = settled
+        position.handed = max(position.handed, settled.end)
+        position.compact()
+        position.save()
 
 
 def _settle_all(queue: SinkQueue) -> None:
-    """Wait until every record handed to ``queue`` is delivered or in the retry file."""
+    """Wait until every record handed to ``queue`` is delivered or kept."""
     while not queue.flush(60.0):
         pass
 
 
-def replay_file(
-    path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | None = None, interrupt: Interrupt = _NEVER
-) -> dict[str, int]:
-    """Deliver one spool file into its sink through the sink's queue, in order (streamed, never
-    loading the file whole), from where an earlier replay of it stopped.  A damaged record is
-    skipped and named (file and byte offset); what the sink refuses is kept for the next replay; a
-    file another process still writes is left alone; ``interrupt`` stops it once the records on
-    their way are settled."""
-    with open(path, "rb") as lock:
+@contextlib.contextmanager
+def _turn(directory: Path) -> Iterator[bool]:
+    """This replay's turn at one run's logs: True while no other replay holds the directory."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            out.write(f"{path}: still being written by a running process; skipped\n")
-            return _counts(busy=1, skipped=1)
-        # Empty: its process was killed between creating it and writing the header, or a writer is
-        # between the two right now (it takes its lock after creating the file): left as it is, so
-        # that such a writer's records stay where replay will find them.
-        if os.fstat(lock.fileno()).st_size == 0:
-            out.write(f"{path}: empty (its process stopped before writing to it); nothing to replay\n")
-            return _counts()
-        position = Position.of(path, os.fstat(lock.fileno()).st_ino)
-        in_doubt = 0
-        if position.in_flight and position.offset is not None:
-            after, in_doubt = _set_aside_in_doubt(path, position.offset, position.flight_end)
-            position.mark(after, position.retry_length, False)
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _written_now(path: Path) -> bool:
+    """Whether a process holds the log open to append to it (its writer's shared ``flock``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock at once: a writer opening now waits an instant for it
+    return False
+
+
+def _remove_if_delivered(path: Path, position: LogPosition) -> str:
+    """Remove a log whose every record is delivered, unless a writer holds it: "removed",
+    "writing" (a running process still appends to it) or "grown" (records came since; another
+    pass delivers them).  The exclusive lock keeps writers out while it looks and removes; a writer
+    that opened the log meanwhile finds it gone once it has its lock, and makes a new one."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return "removed"
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "writing"
+        size = os.fstat(fd).st_size
+        tail = size - position.offset
+        if tail > 0 and (tail > 4096 or os.pread(fd, tail, position.offset).strip()):
+            return "grown"
+        os.unlink(path)  # the log first: a position without its log names no log and is ignored
+        position.remove()
+        return "removed"
+    finally:
+        os.close(fd)
+
+
+def replay_file(
+    path: Path, out: TextIO = sys.stderr, env: Mapping[str, str] | None = None, interrupt: Interrupt | None = None
+) -> dict[str, int]:
+    """Deliver one spool log into its sink through the sink's queue, in order (streamed, never
+    loading the file whole), from its position.  A damaged record is skipped and named (file and
+    byte offset); what the sink does not take stays for the next replay; a log a running process
+    still writes is delivered up to its end and left; ``interrupt`` stops it once the records on
+    their way are settled."""
+    with _turn(path.parent) as mine:
+        if not mine:
+            out.write(f"{path}: another replay is delivering this run's logs right now; left to it\n")
+            return _counts(left=1, skipped=1)
+        try:
+            return _replay_log(path, out, env, interrupt or _NEVER)
+        except DamagedPosition as error:
             out.write(
-                f"{path}: a replay was killed while {in_doubt} record(s) were on their way; they may or may not have "
-                f"arrived, so they are not delivered again: set aside in {path.name}{IN_DOUBT}\n"
+                f"{path}: not replayed: its position, {error}; replaying it from the start could deliver records "
+                "twice (remove that file to do so)\n"
             )
-        header, records = read_spool_from(path, position.offset)
-        if not header.get("sink"):
-            out.write(f"{path}: its header is damaged; nothing to rebuild the sink from; skipped\n")
-            return _counts(damaged=1, skipped=1)
-        ended = _end_record(path)
-        if ended is not None:  # the run ended without its tracker: replay ends the backend's run
-            header = {**header, "resume": {**(header.get("resume") or {}), "end_run": True}}
-        sink, settings = rebuild_sink(header, env)
-        out.write(f"{header['sink']}: {path} -> {sink.where or 'its backend'}\n")
-        if sink.metrics is None and sink.spans is None and sink.logs is None:  # it could not open
-            out.write(f"{path}: not replayed (the backend did not open); kept for the next replay\n")
-            return _counts(failed=1, skipped=1, in_doubt=in_doubt)
-        done_before, total = _records_in(path, position.offset)
-        if position.resumed:
-            out.write(f"{path}: going on after record {done_before} (an earlier replay was stopped there)\n")
-        progress = Progress(total - (ended is not None), f"{header['sink']} <- {path.name}", out)
-        retry_path = path.with_name(path.name + ".retry")
-        if retry_path.exists():  # what an earlier replay of this file refused, up to where it stopped
-            os.truncate(retry_path, position.retry_length)
-        retry = Spool(retry_path, header)
-        counts = _counts(in_doubt=in_doubt)
-        start = _after_header(path) if position.offset is None else position.offset
-        window = _Window(position, retry_path, counts, progress, start)
-        # The sink's queue, the engine every sink has: its retries, its groups (MLflow: a request of
-        # up to 1,000 metrics), and what it cannot deliver goes to the retry file, its spool.
-        # The run's retries; its queue size is the window's (replay never has more on their way,
-        # and a full queue would set records aside before their first attempt).
-        policy = dataclasses.replace(settings.delivery, export_interval_s=0.0, queue_size=_WINDOW)
-        queue = SinkQueue(
-            f"replay-{sink.name}", sink.deliver, sink.count, retry, policy, done=window.settled,
-            deliver_many=sink.deliver_many,
-        )  # fmt: skip
-        # A second Ctrl-C (KeyboardInterrupt) leaves from the middle of this: what is on its way is
-        # in doubt at the next replay.
-        for end, record in records:
-            if interrupt.requested.is_set() or window.broken:
-                counts["interrupted"] = 1
-                break
-            if isinstance(record, Damaged):
-                window.skip(end, f"{record.path}: damaged record at byte {record.offset} skipped ({record.reason})")
-            elif record[0] == "end":  # not data: it tells replay how the run ended
-                window.skip(end)
-            else:
-                kind, payload = record
-                if kind == "metrics" and sink.exporters.step_records is not None:  # a log() call again, for
-                    payload = step_batch_of(payload) or payload  # a step exporter's bulk path
-                queue.submit(kind, payload, window.hand(end, item_count(kind, payload)))
-                if window.on_its_way() >= _WINDOW:
-                    _settle_all(queue)
-        _settle_all(queue)
-        queue.stop(settings.finish_timeout_s)
-        counts["interrupted"] |= window.broken
-        sink.finish(0 if ended is None else ended)
-        retry.close()
-        if counts["interrupted"]:
-            position.close()
-            progress.say(f"{path}: interrupted; the next replay goes on after record {done_before + counts['records']}")
-        elif retry_path.exists() and retry_path.stat().st_size:
-            if ended is not None:  # the next replay ends the run again (no harm: the same status)
-                retry.end(ended)
-            os.replace(retry_path, path)  # a new inode: the position beside it is stale from here
-            position.remove()
-        else:
-            retry_path.unlink(missing_ok=True)
-            path.rename(path.with_name(path.name + REPLAYED))
-            position.remove()
+            return _counts(left=1, skipped=1)
+
+
+def _replay_log(path: Path, out: TextIO, env: Mapping[str, str] | None, interrupt: Interrupt) -> dict[str, int]:
+    try:
+        empty = path.stat().st_size == 0
+    except FileNotFoundError:  # delivered and removed by a replay that had its turn first
+        return _counts(skipped=1)
+    if empty:
+        # Its process was killed between creating it and writing the header, or a writer is
+        # between the two right now: left as it is, so that such a writer's records stay where
+        # replay will find them.
+        out.write(f"{path}: empty (its process stopped before writing to it); nothing to replay\n")
+        return _counts(skipped=1)
+    header, header_line = read_header(path)
+    if not header.get("sink"):
+        why = "its header is damaged" if header_line or path.read_bytes()[:1] != b"{" else "it has no header"
+        out.write(f"{path}: {why}; nothing to rebuild the sink from; skipped\n")
+        return _counts(damaged=1, left=1, skipped=1)
+    position = LogPosition.load(path, header_line)
+    in_doubt = position.set_aside_in_doubt(path, header_line)
+    if in_doubt:
+        out.write(
+            f"{path}: a replay was killed while {in_doubt} record(s) were on their way; they may or may not have "
+            f"arrived, so they are not delivered again: set aside in {path.name}{IN_DOUBT} (replay that file by "
+            "name to deliver them anyway)\n"
+        )
+    if position.offset >= path.stat().st_size and not position.after:  # nothing new since the last replay
+        state = _remove_if_delivered(path, position)
+        if state == "writing":
+            out.write(f"{path}: nothing new; a running process still writes it: the next replay delivers the rest\n")
+            return _counts(writing=1, skipped=1, in_doubt=in_doubt)
+        if state == "removed":
+            out.write(f"{path}: every record was delivered already; removed\n")
+            return _counts(skipped=1, in_doubt=in_doubt)
+    ended = _end_record(path)
+    names_no_run = not header.get("resume")  # its tracker never opened in the run
+    if position.resume and names_no_run:  # the run an earlier replay of this log made
+        header = {**header, "resume": position.resume}
+    if ended is not None:  # the run ended without its tracker: replay ends the backend's run
+        header = {**header, "resume": {**(header.get("resume") or {}), "end_run": True}}
+    sink, settings = rebuild_sink(header, env)
+    out.write(f"{header['sink']}: {path} -> {sink.where or 'its backend'}\n")
+    if sink.metrics is None and sink.spans is None and sink.logs is None:  # it could not open
+        out.write(f"{path}: not replayed (the backend did not open); kept for the next replay\n")
+        return _counts(left=1, skipped=1, in_doubt=in_doubt)
+    if names_no_run and not position.resume and sink.resume:  # the next replay of this log goes on into this run
+        position.resume = sink.resume
+        position.save()
+    done_before, total = _records_in(path, position.offset)
+    if position.resumed:
+        out.write(f"{path}: going on after record {done_before} (where an earlier replay left it)\n")
+    progress = Progress(total - (ended is not None), f"{header['sink']} <- {path.name}", out)
+    counts = _counts(in_doubt=in_doubt)
+    window = _Window(position, counts, progress)
+    # The sink's queue, the engine every sink has: its retries, its groups (MLflow: a request of up
+    # to 1,000 metrics); what it cannot deliver stays in the log (``window.keep``).  Its queue size
+    # is the window's: replay never has more on their way.
+    policy = dataclasses.replace(settings.delivery, export_interval_s=0.0, queue_size=_WINDOW)
+    queue = SinkQueue(
+        f"replay-{sink.name}", window.guard(sink.deliver), sink.count, None, policy, done=window.settled,
+        set_aside=window.keep, deliver_many=window.guard_many(sink.deliver_many),
+    )  # fmt: skip
+    # A second Ctrl-C (KeyboardInterrupt) leaves from the middle of this: what is on its way is in
+    # doubt at the next replay.
+    state = "grown"
+    while state == "grown":  # records came while it delivered, from a writer gone since: once more
+        before = position.offset
+        state = _deliver_pass(path, sink, queue, window, interrupt)
+        if state == "delivered":
+            state = _remove_if_delivered(path, position)
+            if state == "grown" and position.offset == before:
+                state = "writing"  # nothing came of another pass: leave the rest to the next replay
+    queue.stop(settings.finish_timeout_s)
+    sink.finish(0 if ended is None else ended)
+    if state == "interrupted":
+        counts["interrupted"] = 1
+        done_now, _ = _records_in(path, position.offset)
+        progress.say(f"{path}: interrupted; the next replay goes on after record {done_now}")
+    counts["writing"] = int(state == "writing")
     return counts
 
 
-def _after_header(path: Path) -> int:
-    with open(path, "rb") as f:
-        return len(f.readline())
+def _deliver_pass(path: Path, sink: Sink, queue: SinkQueue, window: _Window, interrupt: Interrupt) -> str:
+    """Hand the log's records from its position to its end to the queue, and wait until they are
+    settled: "delivered" (all of them), "stopped" (the sink did not take one), "interrupted", or
+    "writing" (it ends in a record a running process is still writing)."""
+    position = window.position
+    _, frames = read_frames(path, position.offset)
+    outcome = "delivered"
+    for frame in frames:
+        if window.stopped:
+            window.left(frame)
+            continue
+        if interrupt.requested.is_set():
+            outcome = "interrupted"
+            break
+        settled = position.after.get(frame.start) if frame.start < position.handed else None
+        if isinstance(frame.item, Damaged):
+            if frame.item.reason == CUT_SHORT and _written_now(path):
+                outcome = "writing"  # not torn: still being written; the next replay reads it whole
+                break
+            damaged = frame.item
+            window.skip(frame, f"{damaged.path}: damaged record at byte {damaged.offset} skipped ({damaged.reason})")
+        elif (settled is not None and settled.state == "landed") or frame.item[0] == "end":
+            window.skip(frame)  # delivered by an earlier replay; or not data: it says how the run ended
+        else:
+            kind, payload = frame.item
+            rest = settled.rest if settled is not None else None
+            if rest is not None:  # part of it landed before: only the rest goes
+                kind, payload = rest["kind"], DECODERS[rest["kind"]](rest["data"])
+            if kind == "metrics" and sink.exporters.step_records is not None:  # a log() call again, for
+                payload = step_batch_of(payload) or payload  # a step exporter's bulk path
+            queue.submit(kind, payload, window.hand(frame, kind, payload, rest))
+            if window.on_its_way() >= _WINDOW:
+                _settle_all(queue)
+    _settle_all(queue)
+    return "stopped" if window.stopped else outcome
 
 
 def main(paths: list[str], out: TextIO = sys.stderr) -> int:
     """Replay ``paths`` (default: the whole spool); one line per file, then a summary.  Exit code 0
-    when everything was delivered; 1 when something was not (kept for the next replay), a record
-    was damaged or set aside in doubt, a path does not exist or names a file replayed already;
-    130 when Ctrl-C or SIGTERM stopped it (the next replay goes on from there)."""
+    when everything was delivered and nothing is left to deliver; LEFT (75) when something is left
+    for a later replay (a log a running process still writes, records the backend did not take,
+    records set aside in doubt, a log not replayed); 1 for a path that does not exist, a file an
+    older release marked replayed, or damaged records skipped; 130 when Ctrl-C or SIGTERM stopped
+    it (the next replay goes on from there)."""
     # MLflow's client retries a refused connection 7 times with doubling pauses (~4 min a request,
     # three init attempts): at a command line, say "not reachable" in seconds instead.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -483,6 +559,7 @@ def main(paths: list[str], out: TextIO = sys.stderr) -> int:
         )
         return 1
     files = spool_files([Path(p) for p in paths] or [spool_root()])
+    migrate_legacy(f for f in files if not f.name.endswith(LEGACY_RETRY))
     if not files:
         out.write("nothing to replay\n")
         return 0
@@ -499,22 +576,22 @@ def main(paths: list[str], out: TextIO = sys.stderr) -> int:
                     out.write(f"{path}: not replayed: {type(error).__name__}: {error}\n")
                     not_replayed += 1
                     continue
-                if result["skipped"]:  # it said why already
-                    total["busy"] += result["busy"]
-                    total["in_doubt"] += result["in_doubt"]
-                    not_replayed += not result["busy"]
-                    continue
                 for name in _COUNTS:
                     total[name] += result[name]
+                if result["skipped"]:  # it said why already
+                    not_replayed += result["left"]
+                    continue
                 out.write(f"{path}: {_outcome(result)}\n")
         except KeyboardInterrupt:  # a second Ctrl-C: the record on its way is in doubt at the next replay
             out.write("otel-tracking replay: stopped at once; the next replay goes on from where it stopped\n")
-            return 130
+            return INTERRUPTED
     out.write(_summary(len(files), total, not_replayed) + "\n")
     if interrupt.requested.is_set():
         out.write("otel-tracking replay: interrupted; run it again to go on (nothing is delivered twice)\n")
-        return 130
-    return 1 if total["failed"] or total["damaged"] or total["in_doubt"] or not_replayed else 0
+        return INTERRUPTED
+    if total["failed"] or total["writing"] or total["in_doubt"] or not_replayed:
+        return LEFT
+    return 1 if total["damaged"] else 0
 
 
 def _outcome(c: Mapping[str, int]) -> str:
@@ -526,13 +603,15 @@ def _outcome(c: Mapping[str, int]) -> str:
         said += f", {c['failed']} not delivered: kept for the next replay"
     if c["in_doubt"]:
         said += f", {c['in_doubt']} set aside in doubt (*{IN_DOUBT})"
+    if c["writing"] and c["records"]:  # the per-file line; the summary says it below
+        said += "; a running process still writes it: the next replay delivers what it adds"
     return said
 
 
 def _summary(files: int, total: Mapping[str, int], not_replayed: int) -> str:
-    said = f"otel-tracking replay: {files} file(s), {_outcome(total)}"
-    if total["busy"]:
-        said += f"; {total['busy']} file(s) still being written, skipped"
+    said = f"otel-tracking replay: {files} file(s), {_outcome({**total, 'writing': 0})}"
+    if total["writing"]:
+        said += f"; {total['writing']} file(s) still being written by a running process, left for the next replay"
     if not_replayed:
         said += f"; {not_replayed} file(s) not replayed (said above why), kept"
     return said

@@ -1,10 +1,15 @@
 """The spool: what a sink cannot deliver, kept on disk for ``otel-tracking replay``.
 
-One append-only file per sink (and rank, and attempt) in the run's spool directory, whichever
+One append-only log per sink (and rank, and attempt) in the run's spool directory, whichever
 process writes it, readable by its owner only: a header record naming the sink and run (how replay
-rebuilds the sink), then one record a line, ``<crc32 of the JSON, 8 hex digits> <JSON>``. A record
-cut short (a kill or a full disk in the middle of a write) or damaged is detected by
-:func:`read_spool`, which skips it and goes on with the next line.
+rebuilds the sink), then one record a line, ``<crc32 of the JSON, 8 hex digits> <JSON>``.  Nothing
+ever rewrites, renames or truncates a log: replay reads it from a position kept beside it
+(``delivery/position.py``) and removes it once every record is delivered and no writer holds it.
+
+A record cut short (a kill or a full disk in the middle of a write) has no end of line.  The writer
+starts its next record on a line of its own, and the reader, should a record have been glued to a
+torn one all the same (by a writer of an older release), finds the whole record after the torn
+bytes: only the torn record is lost, and it is counted.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import fcntl
 import json
 import logging
 import os
+import re
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +35,20 @@ from otel_tracking.delivery.codec import DECODERS, ENCODERS
 
 logger = logging.getLogger("otel_tracking")
 
+# How long a writer opening a log waits while a replay removes it (replay holds its exclusive lock
+# for the few system calls of checking the log is delivered and unlinking it).
+_LOCK_WAIT_S = 2.0
+
 
 class Spool:
-    """One sink's spool file, opened (and its header written) on the first record.  Two processes
-    may append to one sink's file (the bridge process, and the training process when the bridge
+    """One sink's spool log, opened (and its header written) on the first record.  Two processes
+    may append to one sink's log (the bridge process, and the training process when the bridge
     process is gone): each record is one ``write`` to a file opened for appending, so records never
     interleave, and a header the other process wrote first is not written again (should both see
-    an empty file, the reader skips the second header)."""
+    an empty file, the reader skips the second header).
+
+    A writer holds a shared ``flock`` on the log for as long as it has it open: replay removes a
+    log only under an exclusive one, so never while a writer could still append to it."""
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
         self.path = path
@@ -46,15 +60,39 @@ class Spool:
         line = frame(json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str)).encode()
         with self._lock:
             if self._fd is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                # Shared while open: replay takes it exclusively and leaves a file in use alone.
-                with contextlib.suppress(OSError):
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                self._fd = fd
-                if os.fstat(fd).st_size == 0:
-                    line = frame(json.dumps({"header": self.header})).encode() + line
+                self._fd = self._open()
+                if os.fstat(self._fd).st_size == 0:
+                    # The nonce tells this log from one made at the same path after it was removed.
+                    first = {**self.header, "log": os.urandom(8).hex()}
+                    line = frame(json.dumps({"header": first})).encode() + line
+            if not _ends_a_line(self._fd):  # a record cut short before: never glue this one to it
+                line = b"\n" + line
             _write_all(self._fd, line)
+
+    def _open(self) -> int:
+        """The log, opened for appending and held shared: a log replay is removing right now (it
+        holds it exclusively for an instant) is waited for and opened again, made anew."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        pause = 0.001
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)  # read: its last byte
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    os.close(fd)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
+                    continue
+                logger.warning("otel-tracking: %s stays locked by a replay; writing to it without a lock", self.path)
+                return fd
+            except OSError:  # a file system without flock: nothing to coordinate with
+                return fd
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            os.close(fd)  # removed (delivered) between the open and the lock: open the new one
 
     def end(self, exit_code: int) -> None:
         """The last record when the run ended without a tracker ending the backend's run (the
@@ -67,6 +105,12 @@ class Spool:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def _ends_a_line(fd: int) -> bool:
+    """Whether the file is empty or ends with an end of line (a record cut short does not)."""
+    size = os.fstat(fd).st_size
+    return size == 0 or os.pread(fd, 1, size - 1) == b"\n"
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -89,7 +133,18 @@ class Damaged(NamedTuple):
     reason: str
 
 
+CUT_SHORT = "cut short (no end of line)"
+
 SpoolItem = tuple[str, Any]
+
+
+class Frame(NamedTuple):
+    """One record of a log and where it lies: from ``start`` to ``end`` (the offset just past it,
+    where a reader that has dealt with it goes on)."""
+
+    start: int
+    end: int
+    item: SpoolItem | Damaged
 
 
 def read_spool(path: Path) -> tuple[dict[str, Any], Iterator[SpoolItem | Damaged]]:
@@ -97,52 +152,81 @@ def read_spool(path: Path) -> tuple[dict[str, Any], Iterator[SpoolItem | Damaged
     :class:`Damaged` for one that is cut short, fails its checksum or does not decode.  Streams:
     the file is never loaded whole.  Lines without a checksum (files written before the framing)
     are read as plain JSON."""
-    header, records = read_spool_from(path)
-    return header, (record for _, record in records)
+    header, frames = read_frames(path)
+    return header, (f.item for f in frames)
 
 
-def read_spool_from(
-    path: Path, start: int | None = None
-) -> tuple[dict[str, Any], Iterator[tuple[int, SpoolItem | Damaged]]]:
-    """:func:`read_spool` from byte offset ``start`` (a record's first byte; default: the first
-    record after the header), each record with the offset just past it: where a reader that has
-    dealt with it goes on (replay's progress)."""
-    handle = open(path, "rb")  # noqa: SIM115 - closed by the generator
-    first = handle.readline()
-    header: dict[str, Any] = {}
+def read_header(path: Path) -> tuple[dict[str, Any], bytes]:
+    """The log's header and its line as written (empty when the first line is no header)."""
+    with open(path, "rb") as f:
+        first = f.readline()
     entry = unframe(first)
-    if isinstance(entry, dict) and "header" in entry:
-        header = entry["header"]
-    else:
-        handle.seek(0)
-    if start is not None:
-        handle.seek(start)
+    if isinstance(entry, dict) and "header" in entry and isinstance(entry["header"], dict):
+        return entry["header"], first
+    return {}, b""
 
-    def records() -> Iterator[tuple[int, SpoolItem | Damaged]]:
+
+def read_frames(path: Path, start: int | None = None) -> tuple[dict[str, Any], Iterator[Frame]]:
+    """:func:`read_spool` from byte offset ``start`` (a record's first byte; default: the first
+    record after the header), each record with where it lies (:class:`Frame`)."""
+    header, header_line = read_header(path)
+    handle = open(path, "rb")  # noqa: SIM115 - closed by the generator
+    handle.seek(len(header_line) if start is None else start)
+
+    def frames() -> Iterator[Frame]:
         with handle:
-            offset = handle.tell()
+            start = offset = handle.tell()  # blank lines belong to the record after them
             for line in iter(handle.readline, b""):
                 at, offset = offset, offset + len(line)
                 if not line.strip():
                     continue
-                entry = unframe(line)
-                if isinstance(entry, str):
-                    yield offset, Damaged(path, at, entry)
-                    continue
-                if "header" in entry:  # a second writer's, written while the file looked empty to both
-                    continue
-                try:
-                    yield offset, (entry["kind"], DECODERS[entry["kind"]](entry["data"]))
-                except Exception as error:  # a record that parses but does not decode
-                    yield offset, Damaged(path, at, f"undecodable {type(error).__name__}: {error}")
+                for found in _frames_of(path, start, at, line):
+                    yield found
+                    start = offset  # (a second writer's header, no record, belongs to the next one too)
 
-    return header, records()
+    return header, frames()
+
+
+def _frames_of(path: Path, start: int, at: int, line: bytes) -> Iterator[Frame]:
+    """The records of the line at ``at`` (``start``: where the blank lines before it begin): one,
+    or (a torn record with the next one glued to it) the torn part, damaged, and the whole record
+    found after it.  Frames are contiguous, so a reader's position always falls on one's start."""
+    end = at + len(line)
+    entry = unframe(line)
+    if isinstance(entry, str) and entry != CUT_SHORT:
+        found = _glued(line)
+        if found is not None:
+            cut, entry_after = found
+            yield Frame(start, at + cut, Damaged(path, at, "cut short (the next record was appended to it)"))
+            start, at, entry = at + cut, at + cut, entry_after
+    if isinstance(entry, str):
+        yield Frame(start, end, Damaged(path, at, entry))
+        return
+    if "header" in entry:  # a second writer's, written while the file looked empty to both
+        return
+    try:
+        yield Frame(start, end, (entry["kind"], DECODERS[entry["kind"]](entry["data"])))
+    except Exception as error:  # a record that parses but does not decode
+        yield Frame(start, end, Damaged(path, at, f"undecodable {type(error).__name__}: {error}"))
+
+
+_FRAME_START = re.compile(rb"[0-9a-f]{8} \{")
+
+
+def _glued(line: bytes) -> tuple[int, dict[str, Any]] | None:
+    """Where in a damaged line a whole record starts (one whose checksum holds up to the end of
+    the line), and that record; None when there is none."""
+    for match in _FRAME_START.finditer(line, 1):
+        entry = unframe(line[match.start() :])
+        if isinstance(entry, dict):
+            return match.start(), entry
+    return None
 
 
 def unframe(line: bytes) -> dict[str, Any] | str:
     """The JSON object of one record, or why it cannot be read."""
     if not line.endswith(b"\n"):
-        return "cut short (no end of line)"
+        return CUT_SHORT
     text = line[:-1].decode("utf-8", errors="replace")
     if text.startswith("{"):  # unframed: written before records had checksums
         body = text
