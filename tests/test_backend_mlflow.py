@@ -626,3 +626,49 @@ def test_an_unknown_scheme_names_the_schemes_mlflow_knows(bridge: ModuleType) ->
         "has the scheme 'notascheme', for which MLflow has no tracking store (it knows http, https, "
         "databricks, postgresql, mysql, sqlite, mssql, and those of plugins)"
     )
+
+
+@pytest.mark.parametrize("bridge_process", ["true", "false"])
+@pytest.mark.parametrize("window_s", ["60", "0.5"])
+def test_every_step_logged_for_an_unreachable_mlflow_is_spooled_counted_and_replayed(
+    isolated: Path,
+    bridge: ModuleType,
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    bridge_process: str,
+    window_s: str,
+) -> None:
+    """MLflow does not answer at open, within the start window (60 s) or after it (0.5 s): the run
+    goes on without it, as the reference's did, and every step logged for it, before and after it
+    gave up, is spooled and counted (it took none of them and was summed as 0 spooled before).
+    Replayed once MLflow is there, every (key, step, value) lands."""
+    import os
+    import subprocess
+    import sys
+
+    from otlp_receiver import wait_for
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{readers.closed_port()}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("OTEL_TRACKING_START_TIMEOUT", window_s)
+    monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", bridge_process)
+    name, experiment_id = store.experiment()
+    tracking = Tracking(name, "unreachable", default_backend=["mlflow"])
+    logged = [("loss", step, step / 10) for step in range(10)]
+    for key, step, value in logged[:5]:
+        tracking.log({key: value}, step=step)
+    wait_for(lambda: "not reachable" in tracking.where()["mlflow"], timeout_s=60, what="MLflow to give up")
+    for key, step, value in logged[5:]:  # after it gave up
+        tracking.log({key: value}, step=step)
+    stats = tracking.finish()
+    assert stats["mlflow"]["spooled"] == 10 and stats["mlflow"]["dropped"] == 0, stats["mlflow"]
+
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_tracking", "replay", str(isolated / "spool")],
+        env={**os.environ, "MLFLOW_TRACKING_URI": store.uri},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert store.triples(store.run(experiment_id).info.run_id) == logged

@@ -541,6 +541,10 @@ class RemoteSink(Sink):
         self.link = link
         self.transport = link  # what the run hands it goes to the link, once for all the trackers
         self._spool: Spool | None = None
+        if _writes_nothing(info):  # opened within the start window, unreachable
+            self.info = _spooled_by_child(info)
+            self.where = self.info.where
+            _say_spooled(name, f"it opened with nothing to write to: {info.where}", link.settings.spool_dir)
 
     def start(
         self,
@@ -560,6 +564,9 @@ class RemoteSink(Sink):
 
     def opened_late(self, info: TrackerInfo) -> None:
         """The tracker opened after the start window: what it was sent meanwhile is delivered now."""
+        if _writes_nothing(info):  # MLflow not reachable, after its attempts
+            self.failed_late(f"it opened with nothing to write to: {info.where}")
+            return
         self.info = info
         self.resume = info.resume
         # The run's record first: once the sink says where it writes, a job killed can resume into it.
@@ -568,21 +575,13 @@ class RemoteSink(Sink):
         self.where = info.where
         if self._spool is not None:  # replay of what this side spools reattaches to the same run
             self._spool.header["resume"] = info.resume
-        if not (info.metrics or info.spans or info.logs):  # MLflow not reachable, after its attempts
-            self.failed_late(f"it opened with nothing to write to: {info.where}")
-        else:
-            logger.info("otel-tracking: %s opened: %s", self.name, self.where)
+        logger.info("otel-tracking: %s opened: %s", self.name, self.where)
 
     def failed_late(self, error: str) -> None:
-        """The tracker failed after the start window: the child spools everything for it."""
+        """The tracker failed after the start window: the child spools everything for it (its
+        ``info`` stays as it was, taking every kind, so that nothing logged for it goes nowhere)."""
         self.where = f"did not open ({error}): spooled"
-        logger.warning(
-            "otel-tracking: %s did not open (%s); what was logged for it, and everything after, is "
-            "spooled: deliver it later with `otel-tracking replay %s`",
-            self.name,
-            error,
-            self.link.settings.spool_dir,
-        )
+        _say_spooled(self.name, error, self.link.settings.spool_dir)
 
     def spool_item(self, kind: str, payload: Any) -> str:
         return set_aside(self.name, self._spool, kind, payload, self.count)
@@ -615,6 +614,26 @@ class RemoteSink(Sink):
                 self.count(field, n)
         if self._spool is not None:
             self._spool.close()
+
+
+def _writes_nothing(info: TrackerInfo) -> bool:
+    return not (info.metrics or info.spans or info.logs)
+
+
+def _spooled_by_child(info: TrackerInfo) -> TrackerInfo:
+    """What a tracker that opened with nothing to write to takes: everything, which the child's
+    sink spools (its queue was given up), so each item is counted and kept for replay."""
+    return replace(OPENING, where=f"{info.where}: spooled", resume=info.resume)
+
+
+def _say_spooled(name: str, error: str, spool_dir: Any) -> None:
+    logger.warning(
+        "otel-tracking: %s did not open (%s); what was logged for it, and everything after, is "
+        "spooled: deliver it later with `otel-tracking replay %s`",
+        name,
+        error,
+        spool_dir,
+    )
 
 
 def start_bridges(names: Sequence[str], settings: Settings, config: RunConfig) -> list[RemoteSink]:

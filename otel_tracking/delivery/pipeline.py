@@ -158,6 +158,7 @@ class Sink:
         self._on_finish = parts.finish
         self.where = parts.where  # shown to the user at the end of a run: where this sink wrote
         self.resume = parts.resume  # what replay needs to reattach to this backend's run (an MLflow run id)
+        self.unreachable = parts.unreachable  # takes every kind, and spools it all (see SinkParts)
 
     def start(
         self,
@@ -180,10 +181,12 @@ class Sink:
                 spool,
                 policy,
                 done=done,
-                held=held,
+                held=held or self.unreachable,
                 deliver_many=self.deliver_many,
                 progressed=progressed,
             )
+            if self.unreachable:
+                self.queue.give_up()
 
     def attach(self, parts: SinkParts) -> bool:
         """Take the exporters of the tracker that just opened; a held queue then delivers what
@@ -202,7 +205,7 @@ class Sink:
         if self.queue is not None:
             if self.queue.spool is not None:  # replay reattaches to this run (if nothing was spooled yet)
                 self.queue.spool.header["resume"] = parts.resume
-            if not any(self.exporters):
+            if not any(self.exporters):  # opened with nothing to write to (SinkParts.unreachable)
                 self.queue.give_up()
             else:
                 self.queue.release()
@@ -231,8 +234,9 @@ class Sink:
         return self.exporters.logs
 
     def takes(self, kind: str) -> bool:
-        """Whether this sink exports ``kind`` ("metrics", "spans" or "logs")."""
-        return self.exporters.of_kind(kind) is not None
+        """Whether this sink exports ``kind`` ("metrics", "spans" or "logs"); a backend that did not
+        answer at open takes every kind, into its spool."""
+        return self.unreachable or self.exporters.of_kind(kind) is not None
 
     def count(self, field: str, n: int) -> None:
         with self._lock:

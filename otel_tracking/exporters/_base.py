@@ -119,6 +119,9 @@ class SinkParts:
     finish: Callable[[int], None] | None = None  # ends the backend's run with the exit code
     where: str | None = None  # where the data went, for the end-of-run summary
     resume: dict[str, Any] | None = None  # what open_tracker needs (as context.resume) to reattach to this run
+    # The backend did not answer at open (MLflow after its attempts): the run goes on without it,
+    # and everything for it is spooled for ``otel-tracking replay``, counted, never dropped unseen.
+    unreachable: bool = False
 
 
 def _series_key(name: str, attributes: Any) -> str:

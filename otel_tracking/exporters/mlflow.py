@@ -8,7 +8,8 @@ What lands where (the reference is verl's ``Tracking(..., default_backend="mlflo
   project (created when missing) gets a new run named after the experiment, with the tags MLflow's
   fluent ``start_run`` would set (``mlflow.runName``, ``mlflow.user``, ``mlflow.source.*``).
   Opening is tried :data:`INIT_ATTEMPTS` times, :data:`INIT_RETRY_SLEEP_S` apart; when every try
-  fails the run goes on without MLflow (a warning, as the reference).
+  fails the run goes on without MLflow (a warning, as the reference), and what is logged for it is
+  spooled for ``otel-tracking replay``.
 * params: the config flattened as the reference's ``_compute_mlflow_params_from_objects`` does
   (nested keys joined with ``/``, lists as ``list_len`` plus indices, dataclasses, ``Path``,
   ``Enum``), each value ``str()``-ed; secrets arrive already redacted.
@@ -754,7 +755,7 @@ def open_tracker(context: TrackerContext) -> SinkParts:
     session = MlflowSession.open(context)
     if session is None:
         uri = tracking_uri(context)
-        return SinkParts(where=f"MLflow not reachable at {_safe_uri(uri)}: nothing sent (see warnings)")
+        return SinkParts(where=f"MLflow not reachable at {_safe_uri(uri)}: spooled", unreachable=True)
     return EXPORTERS.parts(session)
 
 
