@@ -444,7 +444,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     worlds = [r["world"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     ax = axes[0]
     for key, label in (
         ("end_of_step_p99_ms", "end of step p99 (log + root end + anatomy)"),
@@ -475,6 +475,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ):
         ax.plot(worlds, [r[key] for r in rows], marker="o", label=label)
     ax.set(xscale="log", xlabel="ranks", ylabel="MB", title="memory")
+    ax.legend(fontsize=7)
+    ax = axes[3]
+    ax.plot(
+        worlds,
+        [(r["stuck_record_bytes"] or 0) / 1024 for r in rows],
+        marker="o",
+        label="stall record naming the rank, KB",
+    )
+    ax.axhline(32, color="grey", linestyle="--", linewidth=0.8, label="goal 32 KB")
+    ax.set(xscale="log", xlabel="ranks", ylabel="KB", title="one rank stuck")
+    ax.set_ylim(bottom=0)
     ax.legend(fontsize=7)
     for ax in axes:
         ax.set_xticks(worlds, [str(w) for w in worlds])
@@ -577,7 +588,7 @@ def main() -> int:
     parser.add_argument("--ranks-per-host", type=int, default=256)
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--max-rate", action="store_true")
-    parser.add_argument("--rates", default="5000,10000,20000,40000,80000,160000")
+    parser.add_argument("--rates", default="10000,20000,40000,80000,160000,320000")
     parser.add_argument("--rate-seconds", type=float, default=5.0)
     parser.add_argument("--label", default="scale")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
