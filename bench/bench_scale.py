@@ -363,6 +363,7 @@ def summarize(result: dict[str, Any], step_s: float) -> dict[str, Any]:
     ]
     first_named = min(named, key=lambda r: r["time_ns"]) if named else None
     whole = [w for w in result["whole_trace_s"][1:] if w is not None]
+    lags = [lag / 1e6 for step in result["stamp_lags_ns"][1:-1] for lag in step]  # the measured steps' calls
     per_rank_s = (call_cpu + otel_cpu) / rank_steps if rank_steps else float("nan")
     return {
         "world": world,
@@ -422,6 +423,9 @@ def summarize(result: dict[str, Any], step_s: float) -> dict[str, Any]:
         "whole_trace_p50_s": percentile(whole, 50),
         "whole_trace_max_s": max(whole, default=float("nan")),
         "traces_whole": f"{len(whole)}/{len(result['whole_trace_s']) - 1}",
+        "rank_end_stamp_lag_p50_ms": percentile(lags, 50),
+        "rank_end_stamp_lag_p99_ms": percentile(lags, 99),
+        "rank_end_stamp_lag_max_ms": max(lags, default=float("nan")),
         "span_end_to_receiver_p50_s": result["receiver"]["lag_p50_s"],
         "span_end_to_receiver_min_s": result["receiver"]["lag_min_s"],
         "stuck_named_s": (first_named["time_ns"] - stuck["phase_start_ns"]) / 1e9 if first_named else None,
@@ -538,6 +542,16 @@ def markdown(rows: list[dict[str, Any]], top: dict[str, Any] | None, meta: dict[
         ),
         ("stall records emitted / arrived", ("stall_records_emitted", "stall_records_arrived"), "{} / {}"),
         ("step end to whole trace p50 / max s", ("whole_trace_p50_s", "whole_trace_max_s"), "{:.1f} / {:.1f}"),
+        (
+            "a rank's call end as the driver stamped it, later by p50 / p99 / max ms",
+            ("rank_end_stamp_lag_p50_ms", "rank_end_stamp_lag_p99_ms", "rank_end_stamp_lag_max_ms"),
+            "{:.1f} / {:.1f} / {:.1f}",
+        ),
+        (
+            "span end to the receiver p50 / min s",
+            ("span_end_to_receiver_p50_s", "span_end_to_receiver_min_s"),
+            "{:.2f} / {:.2f}",
+        ),
         ("stuck rank named after s (record / arrived)", ("stuck_named_s", "stuck_named_arrived_s"), "{} / {}"),
         ("its record, bytes", "stuck_record_bytes", "{}"),
         ("agent / gateway peak RSS MB", ("agent_peak_rss_mb", "gateway_peak_rss_mb"), "{:.0f} / {:.0f}"),

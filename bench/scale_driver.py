@@ -41,6 +41,7 @@ scale_ray.install({"OTEL_TRACKING_VERL": "1"})
 from scale_ranks import CALLS, SPANS_PER_STEP, memory_kb, node_of, thread_cpu_s  # noqa: E402
 
 PHASE_SHARE = {"gen": 0.4, "old_log_prob": 0.1, "ref": 0.1, "update_actor": 0.3}  # of the step
+PHASE_OF = {method: phase for phase, method, _ in CALLS}
 DRIVER_SPANS_PER_STEP = 7  # the step root, "step", gen, old_log_prob, ref, adv, update_actor
 METRICS = {f"actor/metric_{i}": float(i) for i in range(100)}  # what a verl step logs, about
 
@@ -52,6 +53,9 @@ class Calls:
         self.conns: dict[int, Any] = {}
         self.outbox: dict[int, list[Any]] = {}
         self.refs: dict[int, scale_ray.ObjectRef] = {}
+        self.step = 0
+        self.sent: dict[int, tuple[int, str, int]] = {}  # call id -> (rank, the driver phase it was sent under, step)
+        self.rank_ended: dict[tuple[int, str, int], int] = {}  # (rank, phase, step) -> when the rank's call ended
         self.lock = threading.Lock()
         self.stats: dict[int, Any] = {}
         self.stats_done = threading.Event()
@@ -76,7 +80,9 @@ class Calls:
                 return
             if message[0] == "done":
                 with self.lock:
-                    ready = [self.refs.pop(call_id) for call_id in message[1]]
+                    ready = [self.refs.pop(call_id) for call_id, _ in message[1]]
+                    for call_id, ended_ns in message[1]:
+                        self.rank_ended[self.sent.pop(call_id)] = ended_ns
                 scale_ray.mark_ready(ready)
             elif message[0] == "stats":
                 self.stats[message[1]] = message[2]
@@ -101,6 +107,7 @@ class RayWorkerGroup:
         ref = scale_ray.ObjectRef()
         with CALLS_OUT.lock:
             CALLS_OUT.refs[ref.call_id] = ref
+            CALLS_OUT.sent[ref.call_id] = (worker.rank, PHASE_OF[method_name], CALLS_OUT.step)
         CALLS_OUT.outbox[worker.host].append((worker.rank, ref.call_id, method_name, kwargs))
         return ref
 
@@ -183,6 +190,18 @@ def main() -> int:
         return found
 
     run.anatomy.step_ended = observed_step_ended  # type: ignore[method-assign]
+    # How late the driver stamped each rank's call end (verl/returns.py: when it saw the result),
+    # against when the call ended on the rank: the anatomy's calls, as measure() gets them.
+    from otel_tracking.runtime import anatomy
+
+    measure = anatomy.measure
+    measured_calls: list[tuple[int, list[Any]]] = []  # compared after the run, off the step's path
+
+    def observed_measure(step: int, start_ns: int, end_ns: int, phases: Any, calls: Any, buckets: Any) -> Any:
+        measured_calls.append((step, calls))
+        return measure(step, start_ns, end_ns, phases, calls, buckets)
+
+    anatomy.measure = observed_measure
     stalls: list[dict[str, Any]] = []
     report = run.stalls.report
 
@@ -219,6 +238,7 @@ def main() -> int:
             for host in CALLS_OUT.conns:
                 CALLS_OUT.send(host, ("measure", False))
             CALLS_OUT.send(handles[args.stuck_rank].host, ("stuck", args.stuck_rank, "update_actor"))
+        CALLS_OUT.step = step
         threads = {t.name: t for t in threading.enumerate()}
         watcher_cpu = {n: thread_cpu_s(t) for n, t in threads.items() if n.startswith("otel-tracking")}
         t0, cpu0 = time.monotonic(), cpu_s()
@@ -264,6 +284,11 @@ def main() -> int:
         CALLS_OUT.send(host, ("finish",))
     CALLS_OUT.stats_done.wait(300)
     stuck["records"] = [s for s in stalls]
+    ended_at = CALLS_OUT.rank_ended
+    stamp_lags = [
+        [c.end_ns - ended_at[(c.rank, c.phase, step)] for c in calls if (c.rank, c.phase, step) in ended_at]
+        for step, calls in measured_calls
+    ]
     print(
         json.dumps(
             {
@@ -282,6 +307,7 @@ def main() -> int:
                 "rank_spans_per_step": SPANS_PER_STEP,
                 "host_stats": CALLS_OUT.stats,
                 "driver_stall_records": len(stalls),
+                "stamp_lags_ns": stamp_lags,
             }
         ),
         flush=True,

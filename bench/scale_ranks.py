@@ -188,8 +188,9 @@ class Host:
                 with self.count_lock:
                     self.call_cpu_s += took
                     self.calls_measured += 1
+            ended_ns = time.time_ns()  # the call's end, on this rank (the driver stamps its own when it sees it)
             with self.send_lock:
-                self.conn.send(("done", [call_id]))
+                self.conn.send(("done", [(call_id, ended_ns)]))
 
     def serve(self) -> None:
         started = time.monotonic()
