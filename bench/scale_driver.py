@@ -316,13 +316,13 @@ def main() -> int:
 
 
 def release_when_named(args: argparse.Namespace, handles: dict[int, Any], named: Any, stuck: dict[str, Any]) -> None:
-    """The stuck rank stays stuck until the driver's record named it and two bounds have passed
-    since its phase began (so that the rank's own watcher had its turn too), at most 6 bounds."""
+    """The stuck rank stays stuck until the driver's record named it and the rank's own watcher had
+    its turn too (1.3 bounds, at least a bound and 2 s, since the phase began), at most 6 bounds."""
     deadline = time.monotonic() + 6 * args.bound_s
     while not named() and time.monotonic() < deadline:
         time.sleep(0.05)
     stuck["named"] = named()
-    wait_until_ns = stuck["phase_start_ns"] + int(2.05 * args.bound_s * 1e9)
+    wait_until_ns = stuck["phase_start_ns"] + int(max(1.3 * args.bound_s, args.bound_s + 2.0) * 1e9)
     while time.time_ns() < wait_until_ns and time.monotonic() < deadline:
         time.sleep(0.05)
     CALLS_OUT.send(handles[args.stuck_rank].host, ("release",))
