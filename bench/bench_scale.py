@@ -388,6 +388,17 @@ def summarize(result: dict[str, Any], step_s: float) -> dict[str, Any]:
         "ray_wait_calls_per_step": statistics.mean(s["ray_wait"]["wait_calls"] for s in measured),
         "ray_wait_refs_per_step": statistics.mean(s["ray_wait"]["wait_refs"] for s in measured),
         "driver_rss_mb": result["driver_memory_kb"].get("VmHWM", 0) / 1024,
+        # per worker-group call (4 N a step): a cost that grows here grows faster than N
+        "per_call_us": {
+            "anatomy": percentile(anatomy, 50) / (4 * world) * 1e6,
+            "dispatch_cpu": statistics.mean(s["dispatch_cpu_s"] for s in measured) / (4 * world) * 1e6,
+            "returns_thread_cpu": statistics.mean(
+                s["otel_threads_cpu_s"].get("otel-tracking-returns", 0.0) for s in measured
+            )
+            / (4 * world)
+            * 1e6,
+            "ray_wait_refs": statistics.mean(s["ray_wait"]["wait_refs"] for s in measured) / (4 * world),
+        },
         "rank_cpu_ms_per_step": per_rank_s * 1e3,
         "rank_core_share_at_10s_pct": per_rank_s / 10.0 * 100,
         "rank_calls_cpu_ms_per_step": call_cpu / rank_steps * 1e3 if rank_steps else float("nan"),
@@ -521,6 +532,11 @@ def markdown(rows: list[dict[str, Any]], top: dict[str, Any] | None, meta: dict[
             "{:.0f} / {:.0f}",
         ),
         ("driver CPU ms per step", "driver_cpu_ms_per_step", "{:.0f}"),
+        (
+            "per call, µs: anatomy / dispatch CPU / returns thread CPU; refs handed to ray.wait",
+            ("per_call_us",),
+            "{}",
+        ),
         ("measured steps that overran the step", "steps_late", "{}"),
         ("driver RSS MB", "driver_rss_mb", "{:.0f}"),
         (
@@ -565,6 +581,12 @@ def markdown(rows: list[dict[str, Any]], top: dict[str, Any] | None, meta: dict[
         cells = []
         for r in rows:
             values = [r.get(k) for k in keys]
+            if keys == ("per_call_us",):
+                per = r["per_call_us"]
+                values = [
+                    f"{per['anatomy']:.2f} / {per['dispatch_cpu']:.1f} / {per['returns_thread_cpu']:.1f}; "
+                    f"{per['ray_wait_refs']:.1f}"
+                ]
             values = [f"{v:.2f}" if isinstance(v, float) and "{}" in fmt else v for v in values]
             try:
                 cells.append(fmt.format(*values))
