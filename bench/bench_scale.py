@@ -194,6 +194,19 @@ def one_size(args: argparse.Namespace, world: int, workdir: Path) -> dict[str, A
         receiver.stop()
 
 
+def returns_watcher(sizes: list[int]) -> list[dict[str, Any]]:
+    """verl/returns.py's watcher thread alone per N (scale_driver.py --returns-watcher)."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "scale_driver.py"), "--returns-watcher", ",".join(map(str, sizes))],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 # --- the gateway's top rate ------------------------------------------------------------------------
 
 
@@ -644,6 +657,7 @@ def main() -> int:
             rows.append(summarize(result, args.step_s))
             print(json.dumps(rows[-1]), flush=True)
         top = max_rate(args, workdir / "max-rate") if args.max_rate else None
+        watcher = returns_watcher(sizes) if sizes else []
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -663,9 +677,20 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / f"{time.strftime('%Y-%m-%d', time.gmtime())}-{args.label}"
     stem.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "rows": rows, "max_rate": top, "raw": raw}, indent=1)
+        json.dumps({"meta": meta, "rows": rows, "max_rate": top, "returns_watcher": watcher, "raw": raw}, indent=1)
     )
     text = markdown(rows, top, meta)
+    if watcher:
+        text += (
+            "\nThe returns watcher alone (`verl/returns.py`), N results ready one at a time over 0.4 s "
+            "(stand-in refs):\n\n| ranks | ray.wait calls | refs handed in | per call | watcher CPU ms |\n"
+            "|---|---|---|---|---|\n"
+        )
+        for w in watcher:
+            text += (
+                f"| {w['world']} | {w['wait_calls']} | {w['wait_refs']} | {w['refs_per_call']:.0f} "
+                f"| {w['cpu_ms']:.1f} |\n"
+            )
     if rows:
         plot(rows, stem.with_suffix(".png"))
         text += f"\n![each cost against N]({stem.with_suffix('.png').name})\n"

@@ -315,6 +315,40 @@ def main() -> int:
     return 0
 
 
+def returns_watcher(worlds: list[int], spread_s: float = 0.4) -> list[dict[str, Any]]:
+    """``verl/returns.py``'s watcher thread alone, for each N: N calls out, their results ready one
+    at a time over ``spread_s`` (the last ranks of a phase finishing), counted in the stand-in's
+    ``ray.wait``: calls, refs handed in, and the thread's CPU."""
+    from types import SimpleNamespace
+
+    from otel_tracking.verl import returns
+
+    thread = None
+    found = []
+    for world in worlds:
+        refs = [scale_ray.ObjectRef() for _ in range(world)]
+        span = SimpleNamespace(name="update_actor", end_time=None)
+        with returns._cond:
+            for rank, ref in enumerate(refs):
+                returns._pending[ref] = returns._Sent(1, span, "actor", rank, world, time.time_ns())
+            returns._cond.notify()
+        if thread is None:  # what returns.sent() starts on the first call
+            thread = threading.Thread(target=returns._watch, name="otel-tracking-returns", daemon=True)
+            thread.start()
+        time.sleep(0.1)
+        cpu0, waits0 = thread_cpu_s(thread), dict(scale_ray.counts)
+        for ref in refs:
+            scale_ray.mark_ready([ref])
+            time.sleep(spread_s / world)
+        while returns._pending:
+            time.sleep(0.01)
+        cpu = thread_cpu_s(thread) - cpu0
+        waits = {k: v - waits0[k] for k, v in scale_ray.counts.items()}
+        returns._done.clear()
+        found.append({"world": world, "cpu_ms": cpu * 1e3, **waits, "refs_per_call": waits["wait_refs"] / world})
+    return found
+
+
 def release_when_named(args: argparse.Namespace, handles: dict[int, Any], named: Any, stuck: dict[str, Any]) -> None:
     """The stuck rank stays stuck until the driver's record named it and the rank's own watcher had
     its turn too (1.3 bounds, at least a bound and 2 s, since the phase began), at most 6 bounds."""
@@ -329,5 +363,8 @@ def release_when_named(args: argparse.Namespace, handles: dict[int, Any], named:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--returns-watcher"]:
+        print(json.dumps(returns_watcher([int(w) for w in sys.argv[2].split(",")])), flush=True)
+        raise SystemExit(0)
     os.environ.setdefault("OTEL_TRACKING_ANATOMY", "1")
     raise SystemExit(main())
