@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import scale_collectors as collectors  # noqa: E402
 
 
-def percentile(samples: list[float], q: float) -> float:
+def percentile(samples: Sequence[float], q: float) -> float:
     if not samples:
         return float("nan")
     ordered = sorted(samples)
@@ -241,7 +242,7 @@ def span_request(spans: int) -> bytes:
                     trace_id=os.urandom(16),
                     span_id=os.urandom(8),
                     name=f"phase_{i % 20}",
-                    kind=1,
+                    kind=Span.SPAN_KIND_INTERNAL,
                     start_time_unix_nano=now,
                     end_time_unix_nano=now + 1_000_000,
                     attributes=[kv("ml.step", 7), kv("ml.lane", str(rank))],
@@ -360,7 +361,7 @@ def summarize(result: dict[str, Any], step_s: float) -> dict[str, Any]:
     proc_cpu = sum(h["window"].get("process_cpu_s", 0.0) for h in hosts)
     world = result["world"]
     gw, ag, down = (result["collectors"][k] for k in ("gateway", "agent", "downstream"))
-    sinks = {}
+    sinks: dict[str, dict[str, int]] = {}
     for h in hosts:
         for name, counts in h["sinks"].items():
             into = sinks.setdefault(name, {})
