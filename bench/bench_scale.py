@@ -694,7 +694,7 @@ def main() -> int:
             )
     if rows:
         plot(rows, stem.with_suffix(".png"))
-        text += f"\n![each cost against N]({stem.with_suffix('.png').name})\n"
+        text += f"\nPlot: `{stem.with_suffix('.png').name}` beside this report.\n"
     stem.with_suffix(".md").write_text(text)
     print(text)
     return 0
