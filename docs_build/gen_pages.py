@@ -1,7 +1,8 @@
 """mkdocs-gen-files script: pages made from files outside docs/ at build time.
 
 - ``contributing.md``: ``CONTRIBUTING.md``, as it is;
-- ``benchmarks/results.md`` and one page per ``bench/results/*.md``: every saved benchmark report.
+- ``benchmarks/results.md`` and one page per ``bench/results/*.md``: every saved benchmark report,
+  with the plots (``bench/results/*.png``) beside them.
 """
 
 from __future__ import annotations
@@ -29,3 +30,7 @@ with mkdocs_gen_files.open("benchmarks/results.md", "w") as index:
         with mkdocs_gen_files.open(f"benchmarks/results/{report.stem}.md", "w") as page:
             page.write(f"# {report.name}\n\n`bench/results/{report.name}`, included as it is at build time.\n\n")
             page.write(f"<!-- generated: bench-result {report.name} -->\n")
+
+for plot in sorted((REPO / "bench" / "results").glob("*.png")):
+    with mkdocs_gen_files.open(f"benchmarks/results/{plot.name}", "wb") as image:
+        image.write(plot.read_bytes())
