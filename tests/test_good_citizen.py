@@ -306,7 +306,7 @@ def test_sigterm_during_finish_spools_what_is_left_prints_the_summary_and_exits_
             out, err = process.communicate(timeout=120)
         assert process.returncode == 128 + signal.SIGTERM, err[-3000:]
         assert "finish returned" not in out
-        summary = re.finditer(r"otel-tracking: (otlp-\w+): .* spooled (\d+)", err)
+        summary = re.finditer(r"otel-tracking: (otlp-\w+): \d+ items delivered, (\d+) spooled", err)
         spooled = {m.group(1): int(m.group(2)) for m in summary}
         assert spooled.get("otlp-traces", 0) > 0, err[-3000:]
         assert "otel-tracking replay" in err
