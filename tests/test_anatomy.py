@@ -390,7 +390,7 @@ def test_no_secret_in_a_phase_name_reaches_a_key_and_lanes_named_as_text_get_the
         with trace_state(phase):
             for lane in range(3):
                 with trace_state("fetch", state_lane_id=f"worker_{lane}"):
-                    _busy(4_000_000 if lane == 1 else 1_000_000)
+                    _busy(50_000_000 if lane == 1 else 1_000_000)  # far apart: a loaded machine cannot swap them
         tracking.log({"loss": 1.0 / step}, step)
     tracking.finish()
     scalars, _, _ = read_events(isolated / "tensorboard_log" / "proj" / "exp")
