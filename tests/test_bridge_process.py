@@ -181,24 +181,28 @@ def test_bridge_process_killed_training_goes_on_and_replay_delivers_the_rest(
 
 
 def test_bridge_process_killed_with_a_backlog_loses_nothing(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Items the child had taken but not delivered die with it; the training process kept them
-    until acknowledged, spools them, and replay delivers every (key, step, value) exactly once
-    (MLflow ignores an exact duplicate of a point, should one have been delivered unacknowledged)."""
+    """Records the child had not delivered when it died wait in the tracker's log, past its
+    position; finish() counts them spooled, and replay delivers every (key, step, value) exactly
+    once (MLflow ignores an exact duplicate of a point, should the record on its way have landed)."""
+    from otel_tracking.delivery.reader import pending_items
+
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{isolated / 'mlflow.db'}")
     keys = [f"k{i}" for i in range(50)]
     tracking = Tracking("proj", "exp", default_backend=["mlflow"])
     for step in range(300):
         tracking.log({key: step + i / 100 for i, key in enumerate(keys)}, step)
     link = tracking.logger["mlflow"].link
-    assert link.wait_handed(60)  # the link handed every step over
-    backlog = len(link._unacked)
-    assert backlog > 0  # MLflow takes tens of ms a step: the child holds a backlog now
+    assert link.wait_handed(60)  # every step is in the log
+    link.process.send_signal(signal.SIGSTOP)  # (so that the backlog counted is the one it dies with)
+    backlog = pending_items(link.writer.logs["mlflow"].path)
+    assert backlog > 0  # MLflow takes tens of ms a step: the child has a backlog now
     link.process.kill()
     link.process.wait()
     for step in range(300, 310):
         tracking.log({key: step + i / 100 for i, key in enumerate(keys)}, step)
     stats = tracking.finish()
     assert stats["mlflow"]["spooled"] >= backlog + 10, (backlog, stats)
+    assert stats["mlflow"]["delivered"] + stats["mlflow"]["spooled"] == 310, stats
 
     _replay(isolated / "spool")
     client, run = _run_of(isolated, "proj")
@@ -254,28 +258,30 @@ FULL_LINK = textwrap.dedent(
     from otel_tracking import Tracking
 
     t = Tracking("proj", "full", default_backend=["mlflow", "tensorboard"])
-    child = t.logger["mlflow"].link.process.pid
-    os.kill(child, signal.SIGSTOP)  # the child stops reading: the pipe, then the link's queue, fill up
+    link = t.logger["mlflow"].link
+    os.kill(link.process.pid, signal.SIGSTOP)  # the child delivers nothing any more
     for step in range(60):
         t.log({f"m{i}": step + i / 1000 for i in range(200)}, step)
-    os.kill(child, signal.SIGCONT)
+    assert link.wait_handed(60)
+    logs = {name: log.path.read_bytes().splitlines()[1:] for name, log in link.writer.logs.items()}
+    assert logs["mlflow"] == logs["tensorboard"] and len(logs["mlflow"]) == 60  # the same record in each
+    os.kill(link.process.pid, signal.SIGKILL)
     print(json.dumps(t.finish()))
     """
 )
 
 
-def test_a_full_link_spools_a_log_call_for_every_bridge_it_was_for(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One log() call goes to the child once for all its bridges; when the link's queue is full,
-    it is spooled for each of them (it used to be spooled for the first bridge only)."""
+def test_a_log_call_is_kept_for_every_tracker_it_was_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One log() call is encoded once and appended to the log of each tracker it is for; with
+    the child stopped, then killed, every call is spooled for each of them (once, it was spooled
+    for the first one only) and replay delivers it to both."""
     env = {**_mlflow_env(tmp_path), "TENSORBOARD_DIR": str(tmp_path / "tb"), "OTEL_TRACKING_QUEUE_SIZE": "1"}
     done = subprocess.run(
         [sys.executable, "-c", FULL_LINK], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     stats = json.loads(done.stdout.strip().splitlines()[-1])
-    assert stats["mlflow"]["spooled"] > 0 and stats["tensorboard"]["spooled"] > 0
+    assert stats["mlflow"]["spooled"] == 60 and stats["tensorboard"]["spooled"] == 60, stats
     for name in ("mlflow", "tensorboard"):  # every call accounted for, for each bridge
         assert stats[name]["delivered"] + stats[name]["spooled"] == 60 and stats[name]["dropped"] == 0, stats
     for key in ("MLFLOW_TRACKING_URI", "TENSORBOARD_DIR"):
@@ -393,32 +399,30 @@ def test_a_request_into_a_full_pipe_to_a_child_that_stopped_reading_is_bounded(
     assert scalars["loss"] == [(s, pytest.approx(_loss(s))) for s in range(5)]
 
 
-def test_a_sink_reporting_an_outcome_never_waits_on_a_full_pipe() -> None:
-    """In the bridge process, a sink's worker reports each item's outcome under its own queue's
-    lock: that report must not wait while the pipe to a training process that reads nothing is
-    full (a frozen or busy parent).  The reply being written then still goes after the earlier
-    acknowledgements, and the acknowledgement reported meanwhile follows it."""
+def test_a_tracker_taking_something_never_waits_on_a_full_pipe() -> None:
+    """In the bridge process, a reader says its tracker took something (the Progress that
+    finish() waits on) from its own thread: that must not wait while the pipe to a training
+    process that reads nothing is full (a frozen or busy parent); the Progress follows once the
+    pipe has room."""
     import multiprocessing
     import pickle
     import threading
 
     from otel_tracking.bridges.child import _Outbox
-    from otel_tracking.bridges.wire import Acks
+    from otel_tracking.bridges.wire import Progress
 
     reader, writer = multiprocessing.Pipe(duplex=False)
     outbox = _Outbox(writer)
-    outbox.acknowledge((1, "mlflow"), "delivered")
+    outbox.start()
     big = threading.Thread(target=outbox.send, args=(b"x" * (4 << 20),), daemon=True)
     big.start()  # blocks: nobody reads the pipe yet
-    # The acknowledgement arrived: the send holds its lock now, and stays in send_bytes (4 MB, unread).
     assert reader.poll(10)
     assert big.is_alive()
-    reported = threading.Thread(target=outbox.acknowledge, args=((2, "mlflow"), "spooled"), daemon=True)
-    reported.start()
-    reported.join(2.0)
-    assert not reported.is_alive(), "reporting an outcome waited on the pipe"
-    messages = [pickle.loads(reader.recv_bytes()), pickle.loads(reader.recv_bytes())]
+    said = threading.Thread(target=outbox.progressed, daemon=True)
+    said.start()
+    said.join(2.0)
+    assert not said.is_alive(), "saying progress waited on the pipe"
+    messages = [pickle.loads(reader.recv_bytes())]
     big.join(5.0)
-    outbox.tell("reply")
-    messages += [pickle.loads(reader.recv_bytes()), pickle.loads(reader.recv_bytes())]
-    assert messages == [Acks([(1, "mlflow", "delivered")]), b"x" * (4 << 20), Acks([(2, "mlflow", "spooled")]), "reply"]
+    messages.append(pickle.loads(reader.recv_bytes()))
+    assert messages == [b"x" * (4 << 20), Progress()]

@@ -1,17 +1,20 @@
 """The bridge process itself: ``python -m otel_tracking.bridges.child <inbox fd> <outbox fd> <parent pid>``.
 
-It opens each tracker on a thread of its own (a slow or hung open delays no other) and
-reports each outcome; it hands every item it gets to ordinary :class:`Sink` objects (queue,
-retry, spool, as in one process), acknowledging each once that sink delivered or spooled it; it
-answers ``flush`` and ``finish``; and it ends on its own, as a crash, once the training process
-is gone (a watchdog makes sure of that whatever the trackers are doing).  The training process's
-side is ``process.py``; the messages are listed in ``wire.py``.
+It opens each tracker on a thread of its own (a slow or hung open delays no other) and reports
+each outcome; for each tracker that opened it runs a :class:`~otel_tracking.delivery.reader.LogReader`
+on the tracker's log, which the training process appends to (retry, backoff, bulk, position: as
+``otel-tracking replay`` does); it answers ``flush`` and ``finish``, and says while finishing that
+its trackers make progress; and it ends on its own, as a crash, once the training process is gone
+(a watchdog makes sure of that whatever the trackers are doing).  It writes no log: the training
+process is each log's one writer.  The training process's side is ``process.py``; the messages are
+listed in ``wire.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import pickle
 import signal
@@ -24,24 +27,24 @@ from typing import Any
 
 from otel_tracking.bridges.wire import (
     GRACE_S,
-    Acks,
     Failed,
     Finish,
     Finished,
     Flush,
     Flushed,
-    Item,
     Open,
     Opened,
     Progress,
     TrackerInfo,
-    decode_item,
 )
 from otel_tracking.config.run_config import RunConfig
 from otel_tracking.config.settings import Settings
-from otel_tracking.delivery.pipeline import Sink, finish_sinks, flush_sinks
+from otel_tracking.delivery.pipeline import PROGRESS_AFTER_S, Sink
+from otel_tracking.delivery.reader import LogReader
 
-_ACK_INTERVAL_S = 0.05
+logger = logging.getLogger("otel_tracking")
+
+_PROGRESS_INTERVAL_S = 0.05  # how often the child tells the training process its trackers took something
 _TEARDOWN_S = 60.0  # after it finished every backend, the child exits within this, hung SDK threads or not
 _CRASH_TEARDOWN_S = 5.0  # the same after the training process died: nobody waits for a clean exit
 _WATCH_INTERVAL_S = 0.2  # how often the child looks whether the training process is still there
@@ -51,10 +54,21 @@ _NICE = 10  # the child yields the CPU to the training loop
 _IMPORTING = threading.Lock()
 
 
+class _Tracker:
+    """One tracker in the child: its sink, its opener thread, and its log's reader once it opened."""
+
+    def __init__(self, sink: Sink, log: Any) -> None:
+        self.sink = sink
+        self.log = log  # the path of its log (spool.sink_spool: the same one the training process writes)
+        self.reader: LogReader | None = None
+        self.opener: threading.Thread | None = None
+        self.lock = threading.Lock()
+        self.finishing = False  # finish() came: an open that ends now starts no reader
+
+
 def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
-    """The bridge process: open the trackers (each on its own thread), feed them until told to
-    finish (or the training process is gone), acknowledging every item once each sink is done
-    with it, then finish them and report the counts."""
+    """The bridge process: open the trackers (each on its own thread), deliver their logs until
+    told to finish (or the training process is gone), then finish them and report the counts."""
     from otel_tracking.config.resource import build_resource
     from otel_tracking.delivery.spool import sink_spool
 
@@ -70,52 +84,50 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     settings, config, names = opening.settings, opening.config, opening.names
     sys.argv = opening.argv
     watchdog = _Watchdog(parent, settings.finish_timeout_s + GRACE_S, replies)
-    # Each sink's queue exists before its tracker opens: what arrives meanwhile waits there.
-    sinks = {name: Sink(name, named_events_only=True) for name in names}
-    for sink in sinks.values():
-        sink.start(
-            sink_spool(sink, settings, parent),
-            settings.delivery,
-            done=replies.acknowledge,
-            held=True,
-            progressed=replies.progressed,
-        )
+    resource = build_resource(settings)
+    trackers: dict[str, _Tracker] = {}
+    for name in names:
+        sink = Sink(name, named_events_only=True)
+        log = sink_spool(sink, settings, parent)
+        assert log is not None  # (the training process made sure the spool directory is writable)
+        trackers[name] = _Tracker(sink, log.path)
     replies.start()
-    for sink in sinks.values():
-        opener = threading.Thread(
+    for tracker in trackers.values():
+        tracker.opener = threading.Thread(
             target=_open_tracker,
-            args=(sink, settings, config, replies),
-            name=f"otel-tracking-open-{sink.name}",
+            args=(tracker, settings, config, resource, replies),
+            name=f"otel-tracking-open-{tracker.sink.name}",
         )
-        opener.daemon = True  # an open stuck on a hung server must not keep the process alive
-        opener.start()
-    finish = _feed(inbox, sinks, build_resource(settings), replies, watchdog)
+        tracker.opener.daemon = True  # an open stuck on a hung server must not keep the process alive
+        tracker.opener.start()
+    finish = _serve_requests(inbox, trackers, replies, watchdog)
     if finish is not None:  # the training process asked: every backend is finished
-        exit_code, timeout_s = finish
-        finish_sinks(list(sinks.values()), exit_code, timeout_s)
-        replies.send(Finished({name: sink.stats.as_dict() for name, sink in sinks.items()}))
+        exit_code, stall_s = finish
+        unended = _finish(trackers, exit_code, stall_s)
+        counts = {name: tracker.sink.stats.as_dict() for name, tracker in trackers.items()}
+        replies.send(Finished(counts, unended))
         _exit_after(_TEARDOWN_S)
         return 0
-    # The training process ended without finishing the run: deliver what it handed over, as a
-    # crash.  Nobody waits for a tracker still opening: what waits for it is spooled.
-    for sink in sinks.values():
-        sink.give_up()
-    finish_sinks(list(sinks.values()), 1, settings.finish_timeout_s)
+    # The training process ended without finishing the run: deliver what it wrote, as a crash.
+    # Nobody waits for a tracker still opening: its log waits for replay.
+    _finish(trackers, 1, settings.finish_timeout_s, wait_for_opens=False)
     _exit_after(_CRASH_TEARDOWN_S)
     return 1
 
 
-def _open_tracker(sink: Sink, settings: Settings, config: RunConfig, replies: _Outbox) -> None:
-    """Open one tracker (a slow or hung one delays no other) and tell the training process how
-    it went; its held items are then delivered in order, or spooled if it failed."""
+def _open_tracker(
+    tracker: _Tracker, settings: Settings, config: RunConfig, resource: Any, replies: _Outbox
+) -> None:
+    """Open one tracker (a slow or hung one delays no other), tell the training process how it
+    went, and start the reader of its log."""
     from otel_tracking.delivery.registry import import_sdk, open_checked_tracker
 
+    sink = tracker.sink
     try:
         with _IMPORTING:
             import_sdk(sink.name)
         parts = open_checked_tracker(sink.name, settings, config, in_bridge_process=True)
     except BaseException as error:  # the top of this thread: every error is the tracker's outcome
-        sink.give_up()
         kind = type(error)
         replies.tell(Failed(sink.name, kind.__name__, str(error), kind.__module__, kind.__qualname__))
         return
@@ -128,15 +140,24 @@ def _open_tracker(sink: Sink, settings: Settings, config: RunConfig, replies: _O
     # as long as this process.  Frozen, it is no longer walked by every full collection, which
     # the objects of a burst of steps trigger (ClearML: about 0.15 s of a 200 x 200 burst).
     gc.freeze()
+    if any(sink.exporters):  # (one that opened with nothing to write to leaves its log for replay)
+        reader = LogReader(
+            tracker.log, sink, settings.delivery, resource, follow=True, progressed=replies.progressed,
+            landed=replies.landed, resume=sink.resume,
+        )  # fmt: skip
+        with tracker.lock:
+            if not tracker.finishing:
+                tracker.reader = reader
+                reader.start()
     info = TrackerInfo(sink.metrics is not None, sink.spans is not None, sink.logs is not None, sink.where, sink.resume)
     replies.tell(Opened(sink.name, info))
 
 
-def _feed(
-    inbox: Connection, sinks: dict[str, Sink], resource: Any, replies: _Outbox, watchdog: _Watchdog
+def _serve_requests(
+    inbox: Connection, trackers: dict[str, _Tracker], replies: _Outbox, watchdog: _Watchdog
 ) -> tuple[int, float] | None:
-    """Hand each item to its sinks' queues, answer flush requests; (exit code, timeout) once told
-    to finish, None once the training process is gone."""
+    """Answer flush requests; (exit code, stall bound) once told to finish, None once the
+    training process is gone."""
     while True:
         try:
             if not inbox.poll(_WATCH_INTERVAL_S):
@@ -147,17 +168,65 @@ def _feed(
         except (OSError, EOFError):
             return None
         match message:
-            case Item():
-                payload = decode_item(message, resource)
-                for name in message.names:  # the training process already chose the sinks (and events)
-                    queue = sinks[name].queue
-                    assert queue is not None
-                    queue.submit(message.kind, payload, token=(message.seq, name))
             case Flush():
                 deadline = time.monotonic() + message.timeout_s
-                replies.send(Flushed(flush_sinks(list(sinks.values()), deadline), message.request))
+                replies.send(Flushed(_caught_up(trackers, deadline), message.request))
             case Finish():
                 return message.exit_code, message.stall_s
+
+
+def _caught_up(trackers: dict[str, _Tracker], deadline: float) -> bool:
+    """Wait until each tracker's reader delivered its log up to where it ends now (or its tracker
+    is failing: the rest waits in the log); False if one was not there by ``deadline``, or has
+    not opened (every tracker is waited for, none skipped)."""
+    ok = True
+    for tracker in trackers.values():
+        end = _size(tracker.log)
+        reader = tracker.reader
+        if reader is None:
+            ok = ok and end == 0
+            continue
+        ok = reader.caught_up(end, max(0.0, deadline - time.monotonic())) and ok
+    return ok
+
+
+def _finish(trackers: dict[str, _Tracker], exit_code: int, stall_s: float, wait_for_opens: bool = True) -> list[str]:
+    """Deliver what is left in each log while its tracker makes progress, then end every
+    backend's run; the trackers whose backend run nobody ended (they never opened)."""
+    since = time.monotonic()
+    if wait_for_opens:  # a tracker still opening is waited for up to the bound, as a stalled one would be
+        for tracker in trackers.values():
+            if tracker.opener is not None:
+                tracker.opener.join(max(0.0, since + stall_s - time.monotonic()))
+    for tracker in trackers.values():
+        with tracker.lock:
+            tracker.finishing = True
+    readers = [tracker.reader for tracker in trackers.values() if tracker.reader is not None]
+    next_line = since + PROGRESS_AFTER_S
+    for reader in readers:
+        while reader.drain(stall_s, since, wait_s=max(0.0, next_line - time.monotonic())) == "moving":
+            next_line = time.monotonic() + PROGRESS_AFTER_S
+            logger.warning(
+                "otel-tracking: finishing for %.0f s: still delivering to %s; waiting while they make progress "
+                "(what a backend that delivers nothing for %g s still holds is spooled)",
+                time.monotonic() - since,
+                ", ".join(r.sink.name for r in readers if not r.done),
+                stall_s,
+            )
+        reader.stop()
+    unended = []
+    for name, tracker in trackers.items():
+        if tracker.reader is None:
+            unended.append(name)
+        tracker.sink.finish(exit_code, timeout_s=stall_s, since=since)
+    return unended
+
+
+def _size(path: Any) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 class _Watchdog:
@@ -186,37 +255,26 @@ class _Watchdog:
 
 
 class _Outbox:
-    """The child's answers to the training process: replies, and the acknowledgements the sinks'
-    queues report (or, while a group of items is under way, that a backend took part of it), sent
-    together every ``_ACK_INTERVAL_S`` by one small thread.
-
-    Two locks: ``_lock`` guards the pending acknowledgements for an instant, so a sink's queue
-    thread that reports one (under its own queue's lock) never waits on the pipe; ``_send_lock`` orders
-    the writes, and acknowledgements are taken only under it, so a reply never overtakes those
-    reported before it."""
+    """The child's messages to the training process: outcomes and replies, and, every
+    ``_PROGRESS_INTERVAL_S`` while a tracker takes something, a Progress (finish() waits while
+    they come).  ``_send_lock`` orders the writes."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
-        self._lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self._acks: list[tuple[int, str, str]] = []
-        self._progressed = False  # a backend took part of a group since the last message
-        self.last_done = 0.0  # monotonic time a sink last reached the end of an item, or of part of one
-
-    def acknowledge(self, token: tuple[int, str], outcome: str) -> None:
-        with self._lock:
-            self._acks.append((*token, outcome))
-            self.last_done = time.monotonic()
+        self._progressed = False  # a tracker took something since the last Progress
+        self.last_done = 0.0  # monotonic time a tracker last took something
 
     def progressed(self) -> None:
-        with self._lock:
-            self._progressed = True
-            self.last_done = time.monotonic()
+        self._progressed = True
+        self.last_done = time.monotonic()
+
+    def landed(self, records: int, items: int) -> None:
+        self.progressed()
 
     def send(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self._send_lock:
-            self._send_acks()  # acknowledgements first: a reply never overtakes them
             self._connection.send_bytes(data)
 
     def tell(self, message: Any) -> None:
@@ -224,25 +282,17 @@ class _Outbox:
         with contextlib.suppress(OSError):
             self.send(message)
 
-    def _send_acks(self) -> None:
-        """(Under the send lock.)  Acknowledgements say progress too: Progress only when there are none."""
-        with self._lock:
-            acks, self._acks = self._acks, []
-            progressed, self._progressed = self._progressed, False
-        if acks:
-            self._connection.send_bytes(pickle.dumps(Acks(acks), protocol=pickle.HIGHEST_PROTOCOL))
-        elif progressed:
-            self._connection.send_bytes(pickle.dumps(Progress(), protocol=pickle.HIGHEST_PROTOCOL))
-
     def start(self) -> None:
-        threading.Thread(target=self._loop, name="otel-tracking-acks", daemon=True).start()
+        threading.Thread(target=self._loop, name="otel-tracking-progress", daemon=True).start()
 
     def _loop(self) -> None:
         while True:
-            time.sleep(_ACK_INTERVAL_S)
+            time.sleep(_PROGRESS_INTERVAL_S)
+            if not self._progressed:
+                continue
+            self._progressed = False
             try:
-                with self._send_lock:
-                    self._send_acks()
+                self.send(Progress())
             except OSError:
                 return
 

@@ -6,39 +6,34 @@ the training loop makes hands the GIL to them for up to a switch interval).  In 
 costs ``log()`` tens of milliseconds at the 99th percentile with every local backend on; from a
 child process it costs nothing but handing the step over.
 
-    training process                                      bridge process (nice +10)
-    log() -> RemoteSink --> SinkQueue [queue] -> pipe export --pipe--> Sink (queue, retry, spool) -> wandb
-             RemoteSink --'  one message per log() call  [window]   '-> Sink (queue, retry, spool) -> MLflow
+    training process                                        bridge process (nice +10)
+    log() -> LogWriter --> <spool>/wandb.jsonl  ----------> LogReader -> Sink -> wandb
+                       '-> <spool>/mlflow.jsonl ----------> LogReader -> Sink -> MLflow
+            (one thread: each record encoded once,          (from the log's position, .pos beside
+             appended to the log of each tracker             it: retried, degraded, bulk; the
+             it is for)                                       position moves as the tracker takes it)
 
-The training process sends each log() call once (to all the trackers it is for), spans and log
-records as the spool encodes them; the child hands them to ordinary :class:`Sink` objects, so retry,
-degraded state and spool work exactly as in one process. On this side the link is an exporter behind
-the same :class:`~otel_tracking.delivery.engine.SinkQueue` every sink has (its bounded queue, flush,
-stop while it makes progress, ledger, set-aside); its export writes a message to the pipe (without
-blocking beyond a deadline, ``wire.write_frame``) and leaves it in the acknowledgement window, and
-completes asynchronously: a second pipe carries the child's answers back, acknowledgements (this
-item is delivered, spooled or dropped, for this sink: counted so at once) and the replies to
-``flush()`` and ``finish()``. If the child dies, the window, and what comes after, is set aside for
-each tracker a message was still pending for, in that tracker's spool file (the one the child
-writes, ``<sink>.jsonl``: one file per sink, whichever process wrote it): at least once, never lost
-(an item delivered shortly before a crash, whose acknowledgement had not come back yet, may arrive
-twice), counted once. This module keeps only what is the link's own: spawning the child, the start
-window, and the acknowledgement window. The child ignores SIGINT and SIGTERM (the training process
-finishes the run and then tells it to finish) and finishes on its own when the training process is
-gone.
+The log is the hand-over: the training process appends each record once to each of its trackers'
+logs (``delivery/log_writer.py``) and waits for nobody; the child reads each log from its position
+(``delivery/reader.py``, the reader ``otel-tracking replay`` runs too).  If the child dies, nothing
+is to be saved: what it had not delivered is in the log, past its position, where replay finds it
+(a record the child was delivering when it died may arrive twice; nothing is lost).  The counts
+come from the log and its position (:func:`~otel_tracking.delivery.reader.pending_items`).  The
+pipes carry only the start and the requests: ``Open``, ``Flush``, ``Finish`` and their answers
+(``wire.py``).  The child ignores SIGINT and SIGTERM (the training process finishes the run and
+then tells it to finish) and finishes on its own when the training process is gone.
 
 Opening a tracker can take long (SDK imports) or hang (a proxy that never answers, and MLflow's
 client waits 120 s a request).  So the child opens each tracker on a thread of its own and reports
 each outcome as it comes; ``Tracking()`` waits ``OTEL_TRACKING_START_TIMEOUT`` for them.  A tracker
 that fails by then raises there, as in one process; one still opening goes on in the background,
-its items waiting in its queue in the child (acknowledged only once delivered or spooled): it
-delivers them in order once it opens, or spools them, with a warning, if it fails.  A child that
-dies within the window (killed, a tracker SDK crashing at its import) is one warning: training goes
-on and every item for its trackers is spooled here.  A watchdog thread ends the child once the
-training process is gone, whatever the child is doing.
+its records waiting in its log: its reader starts once it opens, or they stay for replay, with a
+warning, if it fails.  A child that dies within the window (killed, a tracker SDK crashing at its
+import) is one warning: training goes on and its trackers' logs wait for replay.  A watchdog thread
+ends the child once the training process is gone, whatever the child is doing.
 
-This module is the training process's side (the link); the child is ``child.py`` and the
-messages between them are listed in ``wire.py``.
+This module is the training process's side; the child is ``child.py`` and the messages between
+them are listed in ``wire.py``.
 
 ``OTEL_TRACKING_BRIDGE_PROCESS=false`` runs the trackers in the training process instead (for
 trackers' console capture of the training process's own output, see docs/architecture/bridge-process.md).
@@ -55,17 +50,18 @@ import pickle
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from otel_tracking.bridges.wire import (
     GRACE_S,
     OPENING,
-    Acks,
     Failed,
     Finish,
     Finished,
@@ -76,62 +72,44 @@ from otel_tracking.bridges.wire import (
     Progress,
     Stuck,
     TrackerInfo,
-    encode_item,
     write_frame,
 )
 from otel_tracking.config.run_config import RunConfig
 from otel_tracking.config.settings import ConfigError, Settings
-from otel_tracking.delivery.engine import HURRY, Ledger, Policy, SinkQueue, item_count, set_aside
+from otel_tracking.delivery.engine import HURRY, Policy
+from otel_tracking.delivery.log_writer import LogWriter
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.spool import Spool
+from otel_tracking.delivery.reader import pending_items, remove_if_delivered
+from otel_tracking.delivery.spool import Spool, sink_spool
 from otel_tracking.exporters._base import SinkParts
 from otel_tracking.signals.redact import scrub_text
+from otel_tracking.signals.steps import StepBatch
 
 logger = logging.getLogger("otel_tracking")
 
-_LINK = "message"  # the link's queue carries one kind of item: a _Message (counted one each)
-
-
-class _Message:
-    """One payload on its way to some of the child's sinks: a log() call goes out once, however
-    many trackers it is for.  Once on the pipe it has a ``seq`` and the names of the sinks that have
-    not acknowledged it yet (``pending``, under the link's acknowledgement lock)."""
-
-    __slots__ = ("kind", "names", "payload", "pending", "seq")
-
-    def __init__(self, kind: str, payload: Any, names: Sequence[str]) -> None:
-        self.kind = kind
-        self.payload = payload
-        self.names = tuple(names)
-        self.seq: int | None = None
-        self.pending: set[str] | None = None  # None: not on the pipe yet
-
 
 class BridgeProcess:
-    """The training process's side: starts the child, sends it what the remote sinks get."""
+    """The training process's side: starts the child, appends what its trackers get to their logs."""
 
     def __init__(self, settings: Settings) -> None:
+        if settings.spool_writable is False:
+            # The logs are the hand-over: with no spool directory to keep them in, a private one
+            # serves for the run (what is not delivered by its end cannot be replayed; said once).
+            private = Path(tempfile.mkdtemp(prefix="otel-tracking-logs-"))
+            settings = replace(settings, spool_dir=private, spool_writable=True)
         self.settings = settings
         self.sinks: dict[str, RemoteSink] = {}
-        # The link is an exporter behind a delivery.SinkQueue, the engine every sink has (bounded
-        # queue, flush, stop while it makes progress, ledger): its export writes a message to the
-        # pipe; what is written waits in the acknowledgement window (_unacked) until the child says
-        # each of its sinks is done with it, and goes to the spool if the child dies first.
-        self._queue: SinkQueue | None = None  # started once the start window has closed
-        self._ack_lock = threading.Lock()  # guards what is unacknowledged, and _dead
-        self._gone_lock = threading.Lock()  # held while a dead child's unacknowledged items are spooled
-        self._send_lock = threading.Lock()  # one writer on the pipe (it may block: never under _lock)
-        self._seq = 0
+        self.writer: LogWriter | None = None  # once open() has made the remote sinks
+        self._send_lock = threading.Lock()  # one writer on the pipe (it may block: never under another lock)
         self._requests = 0  # flush() requests sent, to match each answer to its own
-        self._unacked: dict[int, _Message] = {}  # the window: on the pipe, not yet done for some sinks
         self._replies: queue.Queue[Any] = queue.Queue()
         self._dead = False
         self._finished = False
         self._finished_ok = False  # the child answered "finished": its exit is not a death
         self._write_closed = False  # the pipe to the child is closing: a writer waiting for room gives up
-        # Monotonic time the child last acknowledged items or said it progressed: finish() waits while it does.
-        self._last_ack = 0.0
+        self._last_progress = 0.0  # monotonic time the child last said a tracker took something
         self._stats: dict[str, dict[str, int]] = {}
+        self._unended: list[str] = []  # trackers whose backend run nobody ended (Finished says)
         # The start window: the child's "opened"/"failed" outcomes, until open() stops waiting.
         self._opening = threading.Condition()
         self._outcomes: dict[str, Opened | Failed] = {}
@@ -163,8 +141,8 @@ class BridgeProcess:
         )
         os.close(to_child_r)
         os.close(from_child_w)
-        # Written without blocking (wire.write_frame): no write waits on a child that stopped reading
-        # beyond its own deadline.
+        # Written without blocking (wire.write_frame): no request waits on a child that stopped
+        # reading beyond its own deadline.
         os.set_blocking(self._to_child_w, False)
         self._from_child = Connection(self._from_child_r, writable=False)
         self._reader: threading.Thread | None = None
@@ -175,7 +153,7 @@ class BridgeProcess:
         """Have the child open the named trackers (each on its own thread) and wait for them up to
         the start window; their remote sinks, in order.  A tracker that fails within the window
         raises here, as it would in one process; one still opening after it opens in the
-        background (one warning names it) and its items wait for it in the child."""
+        background (one warning names it) and its records wait for it in its log."""
         settings = replace(self.settings, env=dict(self.settings.env))
         # sys.argv too, scrubbed: trackers record the training script (MLflow's source tags), and
         # Hydra overrides can carry a token.
@@ -192,7 +170,7 @@ class BridgeProcess:
             self.process.kill()
         except OSError:  # it died before it read anything
             pass
-        self._reader = threading.Thread(target=self._read_loop, name="otel-tracking-bridges-acks", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name="otel-tracking-bridges-replies", daemon=True)
         self._reader.start()
         outcomes, gone = self._wait_for_outcomes(names, deadline)
         failed = [outcome for name in names if isinstance(outcome := outcomes.get(name), Failed)]
@@ -212,10 +190,12 @@ class BridgeProcess:
                 settings.start_timeout_s,
                 "It opens" if len(still_opening) == 1 else "They open",
             )
-        policy = Policy(queue_size=settings.delivery.queue_size, max_attempts=1, probe_interval_s=0.0)
-        self._queue = SinkQueue(
-            "bridge-link", self._hand_over, lambda field, n: None, None, policy, set_aside=self._keep
-        )
+        logs: dict[str, Spool] = {}
+        for name in names:
+            log = sink_spool(self.sinks[name], self.settings, os.getpid())
+            assert log is not None  # (the settings say the spool directory is writable)
+            logs[name] = log
+        self.writer = LogWriter(logs, capacity=max(settings.delivery.queue_size, 1))
         return [self.sinks[name] for name in names]
 
     def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, Opened | Failed], bool]:
@@ -242,10 +222,10 @@ class BridgeProcess:
 
     def _gone_while_opening(self, names: Sequence[str]) -> None:
         """The child died before the trackers opened (killed, or a tracker's SDK crashed in native
-        code at its import): training goes on, and what is logged for them is spooled by this
-        process, for ``otel-tracking replay``, which opens them then."""
+        code at its import): training goes on, and what is logged for them waits in their logs
+        for ``otel-tracking replay``, which opens them then."""
         self._reap(timeout_s=5.0)
-        self._child_gone(warn=False)
+        self._dead = True
         logger.warning(
             "otel-tracking: the bridge process exited (code %s) while it opened %s; training goes on, and "
             "what is logged for %s is spooled: deliver it with `otel-tracking replay %s`",
@@ -265,50 +245,18 @@ class BridgeProcess:
     # --- the training thread's side --------------------------------------------------------------
 
     def submit(self, names: Sequence[str], kind: str, payload: Any) -> None:
-        """Hand one item to the named trackers (pipeline.export_to gathers them); never blocks."""
-        assert self._queue is not None, "the remote sinks exist once open() has started the link"
-        self._queue.submit(_LINK, _Message(kind, payload, names))
+        """Hand one item to the named trackers (pipeline.export_to gathers them): appended once to
+        each of their logs, by the writer's thread; never blocks on the child."""
+        assert self.writer is not None, "the remote sinks exist once open() has made the logs"
+        if kind == "metrics" and isinstance(payload, StepBatch):
+            kind = "step"  # a log() call: its values as they are, not as OTel metric data
+        self.writer.append(names, kind, payload)
 
     def wait_handed(self, timeout_s: float) -> bool:
-        """Wait until every item so far is on the pipe (or spooled); False on timeout."""
-        return self._queue is None or self._queue.flush(timeout_s)
+        """Wait until every item so far is in the logs; False on timeout."""
+        return self.writer is None or self.writer.flush(timeout_s)
 
-    def ledger(self) -> Ledger:
-        """The link's per-instant ledger, in messages (one per item, for all its trackers):
-        ``delivered`` is "on the pipe", awaiting acknowledgement or acknowledged."""
-        return self._queue.snapshot() if self._queue is not None else Ledger()
-
-    # --- the link's export: onto the pipe, into the window ----------------------------------------
-
-    def _hand_over(self, kind: str, message: _Message) -> bool:
-        """Write one message to the pipe, kept in the window until acknowledged; False (the
-        queue sets it aside) when the child is gone."""
-        with self._ack_lock:
-            if self._dead:
-                return False
-            self._seq += 1
-            message.seq, message.pending = self._seq, set(message.names)
-            self._unacked[message.seq] = message  # registered before its acknowledgement can come
-        try:
-            self._send(encode_item(message.kind, message.seq, message.names, message.payload))
-        except (OSError, EOFError):  # gone, or stopped by finish(): its window, this one in it, is spooled
-            self._child_gone()
-            return False
-        return True
-
-    def _keep(self, kind: str, message: _Message, tokens: Sequence[Any] = ()) -> str:
-        """Spool a message for each tracker still waiting for it (every one, if it never reached the
-        pipe); whoever comes first (the link's queue giving it up, the child's death) spools it,
-        and only once.  Its outcome for the queue's ledger."""
-        with self._ack_lock:
-            names = message.names if message.pending is None else tuple(sorted(message.pending))
-            message.pending = set()
-            if message.seq is not None:
-                self._unacked.pop(message.seq, None)
-        outcomes = {self.sinks[name].spool_item(message.kind, message.payload) for name in names}
-        return "dropped" if "dropped" in outcomes else "spooled"
-
-    # --- the reader thread: acknowledgements and replies -----------------------------------------
+    # --- the reader thread: outcomes, progress and replies ----------------------------------------
 
     def _read_loop(self) -> None:
         while True:
@@ -326,35 +274,12 @@ class BridgeProcess:
             if isinstance(message, (Opened, Failed)):
                 self._outcome(message)
                 continue
-            if isinstance(message, Acks):
-                self._acknowledged(message.acks)
+            if isinstance(message, Progress):  # a tracker took something: the child is delivering
+                self._last_progress = time.monotonic()
                 continue
-            if isinstance(message, Progress):  # part of a group landed: the child is delivering
-                with self._ack_lock:
-                    self._last_ack = time.monotonic()
-                continue
-            if isinstance(message, Finished):  # every backend finished: nothing is pending any more
+            if isinstance(message, Finished):
                 self._finished_ok = True
-                with self._ack_lock:
-                    self._unacked.clear()
             self._replies.put(message)
-
-    def _acknowledged(self, acks: Sequence[tuple[int, str, str]]) -> None:
-        """Items a sink in the child is done with: no longer this process's to keep, and counted
-        for that sink as they come (so that a child that dies later leaves true counts)."""
-        counted: list[tuple[str, str, int]] = []
-        with self._ack_lock:
-            self._last_ack = time.monotonic()
-            for seq, name, outcome in acks:
-                message = self._unacked.get(seq)
-                if message is None or message.pending is None or name not in message.pending:
-                    continue
-                message.pending.discard(name)
-                if not message.pending:
-                    del self._unacked[seq]
-                counted.append((name, outcome, item_count(message.kind, message.payload)))
-        for name, outcome, n in counted:
-            self.sinks[name].count(outcome, n)
 
     def _outcome(self, outcome: Opened | Failed) -> None:
         """A tracker opened or failed: open() takes it while it waits; after that, the remote sink."""
@@ -371,31 +296,23 @@ class BridgeProcess:
             sink.failed_late(f"{outcome.type_name}: {outcome.message}")
 
     def _child_gone(self, warn: bool = True) -> None:
-        """The child died: spool everything it had not acknowledged, once.  Whichever thread sees it
-        first (reader, link, or finish()) spools; the others wait until it has, so that finish()
-        never returns, and the process never exits, with items still being written."""
-        with self._gone_lock:
-            with self._ack_lock:
-                if self._dead:
-                    return
-                self._dead = True
-                pending = list(self._unacked.values())
-                self._unacked.clear()
-            if warn:
-                logger.warning(
-                    "otel-tracking: the bridge process is gone (exit code %s); %d item(s) it had not delivered, "
-                    "and everything after, are spooled for `otel-tracking replay`",
-                    self.process.poll(),
-                    len(pending),
-                )
-            for message in pending:
-                self._keep(_LINK, message)
+        """The child died: its trackers' records wait in their logs, past their positions; said once."""
+        if self._dead:
+            return
+        self._dead = True
+        if warn:
+            logger.warning(
+                "otel-tracking: the bridge process is gone (exit code %s); what it had not delivered, and "
+                "everything after, is kept in the spool for `otel-tracking replay %s`",
+                self.process.poll(),
+                self.settings.spool_dir,
+            )
 
     def _send(self, message: Any, timeout_s: float | None = None) -> None:
         """One message on the pipe.  With ``timeout_s``, a child that does not read makes this raise
         :class:`~otel_tracking.bridges.wire.Stuck` within it (whether another writer holds the pipe or the
         pipe is full); without, it waits until the pipe closes.  A message cut short by the deadline
-        leaves a stream the child cannot read: the child is stopped (its window is spooled)."""
+        leaves a stream the child cannot read: the child is stopped."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if not self._send_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
@@ -434,10 +351,10 @@ class BridgeProcess:
                 return reply
 
     def _request(
-        self, message: Any, expected: type, timeout_s: float, request: int | None = None, while_acked: bool = False
+        self, message: Any, expected: type, timeout_s: float, request: int | None = None, while_busy: bool = False
     ) -> Any:
-        """Send ``message``, wait for its reply; ``while_acked``: for as long as acknowledgements
-        keep coming (each one moves the deadline)."""
+        """Send ``message``, wait for its reply; ``while_busy``: for as long as the child says its
+        trackers take something (each Progress moves the deadline)."""
         if self._dead:
             return None
         try:
@@ -447,11 +364,11 @@ class BridgeProcess:
         except (OSError, EOFError):
             self._child_gone()
             return None
-        if not while_acked:
+        if not while_busy:
             return self._receive(expected, timeout_s, request)
         started = time.monotonic()
         while True:
-            window = max(started, self._last_ack) + timeout_s - time.monotonic()
+            window = max(started, self._last_progress) + timeout_s - time.monotonic()
             if window <= 0:
                 return None
             reply = self._receive(expected, min(window, 1.0), request)
@@ -461,6 +378,8 @@ class BridgeProcess:
     # --- the end ---------------------------------------------------------------------------------
 
     def flush(self, timeout_s: float) -> bool:
+        """Wait until what was logged so far is in the logs and the child's trackers took it (or
+        are failing, its records kept in their logs)."""
         deadline = time.monotonic() + timeout_s
         if not self.wait_handed(timeout_s):
             return False
@@ -471,35 +390,54 @@ class BridgeProcess:
         return reply is not None and reply.ok
 
     def finish(self, exit_code: int, timeout_s: float) -> None:
-        """Hand over the rest, have the child drain and close every backend, collect its counts; once.
-        The child drains each backend while it makes progress (``timeout_s`` is the bound for one
-        that delivers nothing), and this process waits for it while its acknowledgements (or Progress) come."""
+        """Write the rest, have the child deliver it while its trackers make progress (``timeout_s``
+        is the bound for one that delivers nothing) and close every backend, then count each
+        tracker's records from its log and position; once."""
         if self._finished:
             return
         self._finished = True
-        if self._queue is not None:  # onto the pipe while the child takes it; what it does not take is spooled
-            self._queue.stop(timeout_s)
+        if self.writer is not None:
+            self.writer.close(timeout_s)
         finished: Finished | None = self._request(
-            Finish(exit_code, timeout_s), Finished, timeout_s + GRACE_S, while_acked=True
+            Finish(exit_code, timeout_s), Finished, timeout_s + GRACE_S, while_busy=True
         )
         if finished is not None:
-            self._stats = finished.counts
+            self._stats, self._unended = finished.counts, list(finished.unended)
             # Every backend is finished: the child's interpreter teardown (seconds, for MLflow's
             # imports) is none of the training loop's business.  Reap it in the background.
             self._close()
             threading.Thread(target=self.process.wait, name="otel-tracking-reaper", daemon=True).start()
+        else:
+            if not self._dead and not HURRY.is_set():
+                logger.warning(
+                    "otel-tracking: the bridge process made no progress for %.0f s while it finished; stopping it",
+                    timeout_s + GRACE_S,
+                )
+            self._reap(timeout_s=GRACE_S)
+            if self._reader is not None:
+                self._reader.join(GRACE_S)
+            self._child_gone()
+            self._unended = list(self.sinks)  # no tracker ended its backend's run: replay will
+        self._settle_logs(exit_code)
+
+    def _settle_logs(self, exit_code: int) -> None:
+        """Each tracker's counts from its log: what is past the position is spooled (replay
+        delivers it), the rest delivered; a log delivered in full is removed."""
+        if self.writer is None:
             return
-        if not self._dead and not HURRY.is_set():
-            logger.warning(
-                "otel-tracking: the bridge process made no progress for %.0f s while it finished; stopping it",
-                timeout_s + GRACE_S,
-            )
-        self._reap(timeout_s=GRACE_S)
-        if self._reader is not None:  # it sees the pipe close and spools what was unacknowledged
-            self._reader.join(GRACE_S)
-        self._child_gone()  # (if it could not)
-        for sink in self.sinks.values():  # no tracker ended its backend's run: replay will
-            sink.spool_end(exit_code)
+        for name, sink in self.sinks.items():
+            log = self.writer.logs[name]
+            appended, dropped = self.writer.appended[name], self.writer.dropped[name]
+            pending = pending_items(log.path)
+            sink.count("delivered", max(0, appended - dropped - pending))
+            sink.count("spooled", pending)
+            sink.count("dropped", dropped)
+            for field in ("failed", "retried"):  # export attempts, which only the child saw
+                sink.count(field, self._stats.get(name, {}).get(field, 0))
+            if name in self._unended and (pending or log.path.exists()):
+                self.writer.end(name, exit_code)  # replay ends the backend's run so
+            elif not pending:
+                remove_if_delivered(log.path)
 
     def child_stats(self, name: str) -> dict[str, int]:
         return self._stats.get(name, {})
@@ -532,7 +470,7 @@ class BridgeProcess:
 
 class RemoteSink(Sink):
     """A tracker running in the bridge process, as the training process's run sees it: what it
-    gets goes to the link; counts are the child's, plus what this side had to spool."""
+    gets goes to its log (the link's writer); counts come from that log at the end."""
 
     def __init__(self, link: BridgeProcess, name: str, info: TrackerInfo) -> None:
         # Its exporters are in the child: what it takes is what the child said its tracker takes.
@@ -540,7 +478,6 @@ class RemoteSink(Sink):
         self.info = info
         self.link = link
         self.transport = link  # what the run hands it goes to the link, once for all the trackers
-        self._spool: Spool | None = None
         if _writes_nothing(info):  # opened within the start window, unreachable
             self.info = _spooled_by_child(info)
             self.where = self.info.where
@@ -555,15 +492,13 @@ class RemoteSink(Sink):
         held: bool = False,
         progressed: Callable[[], None] | None = None,
     ) -> None:
-        # The sink's one spool file, which the child writes too: this side appends to it only what
-        # the link could not hand over (the child gone, or not reading).
-        self._spool = spool
+        return None  # its log is the link's (made in open(), whether or not the run can spool)
 
     def takes(self, kind: str) -> bool:
         return bool(getattr(self.info, kind))
 
     def opened_late(self, info: TrackerInfo) -> None:
-        """The tracker opened after the start window: what it was sent meanwhile is delivered now."""
+        """The tracker opened after the start window: its reader delivers what waited in its log."""
         if _writes_nothing(info):  # MLflow not reachable, after its attempts
             self.failed_late(f"it opened with nothing to write to: {info.where}")
             return
@@ -573,30 +508,15 @@ class RemoteSink(Sink):
         if self.on_resume is not None:
             self.on_resume(self.name, self.resume)
         self.where = info.where
-        if self._spool is not None:  # replay of what this side spools reattaches to the same run
-            self._spool.header["resume"] = info.resume
+        if self.link.writer is not None:  # a log not begun yet names the run replay goes on into
+            self.link.writer.logs[self.name].header["resume"] = info.resume
         logger.info("otel-tracking: %s opened: %s", self.name, self.where)
 
     def failed_late(self, error: str) -> None:
-        """The tracker failed after the start window: the child spools everything for it (its
+        """The tracker failed after the start window: its log keeps everything for replay (its
         ``info`` stays as it was, taking every kind, so that nothing logged for it goes nowhere)."""
         self.where = f"did not open ({error}): spooled"
         _say_spooled(self.name, error, self.link.settings.spool_dir)
-
-    def spool_item(self, kind: str, payload: Any) -> str:
-        return set_aside(self.name, self._spool, kind, payload, self.count)
-
-    def spool_end(self, exit_code: int) -> None:
-        """The run ended and this tracker could not end the backend's run: the last spool record
-        says how it ended, and replay ends the run so (MLflow FINISHED or FAILED, not RUNNING)."""
-        if self._spool is None:
-            return
-        try:
-            self._spool.end(exit_code)
-        except OSError as error:
-            logger.warning(
-                "otel-tracking: %s: could not record the run's end in %s: %s", self.name, self._spool.path, error
-            )
 
     def flush(self, timeout_s: float) -> bool:
         return self.link.flush(timeout_s)
@@ -606,14 +526,6 @@ class RemoteSink(Sink):
             return
         self._finished = True
         self.link.finish(exit_code, timeout_s)
-        # Items were counted as their acknowledgements came; the child's final counts add the
-        # export attempts (failed, retried), which only it saw.
-        attempts = {"failed", "retried"}
-        for field, n in self.link.child_stats(self.name).items():
-            if field in attempts:
-                self.count(field, n)
-        if self._spool is not None:
-            self._spool.close()
 
 
 def _writes_nothing(info: TrackerInfo) -> bool:
@@ -621,8 +533,8 @@ def _writes_nothing(info: TrackerInfo) -> bool:
 
 
 def _spooled_by_child(info: TrackerInfo) -> TrackerInfo:
-    """What a tracker that opened with nothing to write to takes: everything, which the child's
-    sink spools (its queue was given up), so each item is counted and kept for replay."""
+    """What a tracker that opened with nothing to write to takes: everything, which waits in its
+    log (the child reads none of it), so each item is counted and kept for replay."""
     return replace(OPENING, where=f"{info.where}: spooled", resume=info.resume)
 
 

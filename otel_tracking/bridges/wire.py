@@ -1,33 +1,27 @@
 """What travels between the training process and the bridge process, in one place.
 
-Two pipes, one pickled message a frame (``multiprocessing.connection.Connection`` framing; the
-training process writes its frames without blocking, :func:`write_frame`).  Every message is one
-of the dataclasses below.
+The records themselves do not: the training process appends them to each tracker's log
+(``delivery/log_writer.py``) and the child reads them from there (``delivery/reader.py``).  Two
+pipes carry the rest, one pickled message a frame (``multiprocessing.connection.Connection``
+framing; the training process writes its frames without blocking, :func:`write_frame`).  Every
+message is one of the dataclasses below.
 
 Training process -> bridge process (``process.py`` sends, ``child.py`` reads):
 
     Open(settings, config, names, argv)          the first message: open these trackers (config: a
                                                  run_config.RunConfig, redacted, with what trackers
                                                  use as is, e.g. wandb's proxy; argv scrubbed)
-    Item(kind, seq, names, body)                 a log() call ("metrics", body: StepBody), or a
-                                                 batch of spans or log records (codec's encoding)
-    Flush(timeout_s, request)                    answered by Flushed(ok, request)
-    Finish(exit_code, stall_s)                   answered by Finished(counts)
+    Flush(timeout_s, request)                    answered by Flushed(ok, request) once each tracker
+                                                 took its log up to where it ends now
+    Finish(exit_code, stall_s)                   answered by Finished(counts, unended)
 
 Bridge process -> training process:
 
     Opened(name, info)                           info: what the tracker takes, where, resume
     Failed(name, type_name, message, module, qualname)
-    Acks([(seq, name, outcome), ...])            these items reached their end for that sink:
-                                                 "delivered", "spooled" or "dropped"
-    Progress()                                   a backend took part of a group whose items are
-                                                 not acknowledged yet (finish() waits while
-                                                 acknowledgements or this come)
-    Flushed(ok, request), Finished({sink: counts})
-
-An item goes out once, with the names of every sink it is for; ``seq`` numbers it for the
-acknowledgements.  Spans and log records use the spool's encoding (``codec.py``); a step goes as
-its parts, its non-number values as JSON.
+    Progress()                                   a tracker took something (finish() waits while
+                                                 these come)
+    Flushed(ok, request), Finished({sink: counts}, [trackers whose backend run nobody ended])
 """
 
 from __future__ import annotations
@@ -36,13 +30,9 @@ import os
 import select
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from otel_tracking.delivery.codec import decode_logs, decode_spans, encode_logs, encode_spans
-from otel_tracking.signals.steps import StepBatch
-from otel_tracking.signals.values import decode_others, encode_others
 
 # Beyond the finish deadline: for the child to close its backends and answer, and for the
 # training process to wait for that answer before it stops the child.
@@ -99,24 +89,6 @@ class Open:
 
 
 @dataclass(frozen=True, slots=True)
-class StepBody:
-    """A log() call's step, as it crosses (the child adds its own resource)."""
-
-    step: int
-    scalars: dict[str, float]
-    others: str | None  # the non-number values, as values.encode_others makes them
-    time_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class Item:
-    kind: str  # "metrics", "spans" or "logs"
-    seq: int
-    names: tuple[str, ...]  # the sinks it is for
-    body: Any  # StepBody, or spans / log records as codec encodes them
-
-
-@dataclass(frozen=True, slots=True)
 class Flush:
     timeout_s: float
     request: int
@@ -162,11 +134,6 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
-class Acks:
-    acks: list[tuple[int, str, str]]  # (seq, sink name, outcome)
-
-
-@dataclass(frozen=True, slots=True)
 class Progress:
     pass
 
@@ -179,25 +146,6 @@ class Flushed:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    counts: dict[str, dict[str, int]]  # per sink, as SinkStats.as_dict
-
-
-def encode_item(kind: str, seq: int, names: Sequence[str], payload: Any) -> Item:
-    """One item as a message: a ``StepBatch`` for metrics, SDK spans or log records otherwise."""
-    if kind == "metrics":
-        others = encode_others(payload.others) if payload.others else None
-        body: Any = StepBody(payload.step, dict(payload.scalars), others, payload.time_ns)
-    elif kind == "spans":
-        body = encode_spans(payload)
-    else:
-        body = encode_logs(payload)
-    return Item(kind, seq, tuple(names), body)
-
-
-def decode_item(item: Item, resource: Any) -> Any:
-    """The payload of an item; steps get the child's ``resource``."""
-    if item.kind == "metrics":
-        body: StepBody = item.body
-        others = decode_others(body.others) if body.others else {}
-        return StepBatch(resource, body.step, body.scalars, others, body.time_ns)
-    return decode_spans(item.body) if item.kind == "spans" else decode_logs(item.body)
+    counts: dict[str, dict[str, int]]  # per sink, as SinkStats.as_dict (the training process reads
+    # delivered and spooled from the logs; it takes the export attempts, failed and retried, from these)
+    unended: list[str]  # trackers that never opened: replay ends their backend's run

@@ -31,6 +31,9 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from otel_tracking.compat.otel_sdk import LogRecord, ReadableLogRecord, SeverityNumber
 from otel_tracking.signals.steps import SCOPE, StepBatch, materialize, wrap
+from otel_tracking.signals.values import decode_others, encode_others
+
+_NO_RESOURCE = Resource({})
 
 # --- shared pieces -----------------------------------------------------------------------------
 
@@ -249,6 +252,24 @@ def decode_logs(blobs: list[dict[str, Any]]) -> list[ReadableLogRecord]:
     return records
 
 
+# --- one log() call ------------------------------------------------------------------------------
+
+
+def encode_step(batch: StepBatch) -> dict[str, Any]:
+    """A log() call as the trackers' logs keep it: its step, numbers, other values (as
+    ``values.encode_others`` makes them) and time.  Whoever reads it gives it its own resource."""
+    others = batch.others_json
+    if others is None and batch.others:
+        others = encode_others(batch.others)
+    return {"step": batch.step, "scalars": dict(batch.scalars), "others": others, "time_ns": batch.time_ns}
+
+
+def decode_step(blob: dict[str, Any], resource: Resource = _NO_RESOURCE) -> StepBatch:
+    others_json = blob.get("others")
+    others = decode_others(others_json) if others_json else {}
+    return StepBatch(resource, int(blob["step"]), blob["scalars"], others, int(blob["time_ns"]), None, others_json)
+
+
 def _as_is(value: Any) -> Any:
     return value
 
@@ -256,12 +277,14 @@ def _as_is(value: Any) -> Any:
 # "end" is not an item: the spool's last record when the run ended without its tracker ending the
 # backend's run (the bridge process was gone), ``{"exit_code": n}``; replay ends the run with it.
 ENCODERS: dict[str, Callable[[Any], Any]] = {
+    "step": encode_step,
     "metrics": encode_metrics,
     "spans": encode_spans,
     "logs": encode_logs,
     "end": _as_is,
 }
 DECODERS: dict[str, Callable[[Any], Any]] = {
+    "step": decode_step,
     "metrics": decode_metrics,
     "spans": decode_spans,
     "logs": decode_logs,

@@ -33,27 +33,25 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
 from otel_tracking.config.destinations import with_destination
 from otel_tracking.config.paths import spool_root
+from otel_tracking.config.resource import build_resource
 from otel_tracking.config.settings import Settings, build_settings
-from otel_tracking.delivery.codec import DECODERS, ENCODERS
-from otel_tracking.delivery.engine import SinkQueue, item_count
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.position import (
     IN_DOUBT,
     LEGACY_RETRY,
     DamagedPosition,
     LogPosition,
-    Settled,
     migrate_legacy,
 )
-from otel_tracking.delivery.spool import CUT_SHORT, Damaged, Frame, read_frames, read_header, unframe
-from otel_tracking.signals.steps import step_batch_of
+from otel_tracking.delivery.reader import LogReader, pending_items, remove_if_delivered
+from otel_tracking.delivery.spool import read_header, unframe
 
 REPLAYED = ".replayed"  # the suffix an older release gave a log delivered in full
 _OTLP = {"otlp-metrics": "metrics", "otlp-traces": "traces", "otlp-logs": "logs"}
@@ -227,122 +225,6 @@ def _counts(**nonzero: int) -> dict[str, int]:
     return {**dict.fromkeys(_COUNTS, 0), **nonzero}
 
 
-# Records handed to the sink's queue before replay waits for them to settle: enough for the queue's
-# groups (a bulk export of many steps); a first Ctrl-C waits for those on their way.
-_WINDOW = 256
-
-
-class _Record:
-    """One record on its way: where it lies, its items, the payload handed (until settled), and
-    what of it is left when the sink did not take it all."""
-
-    __slots__ = ("end", "items", "payload", "rest", "start")
-
-    def __init__(self, frame: Frame, items: int, payload: Any, rest: dict[str, Any] | None) -> None:
-        self.start, self.end, self.items, self.payload, self.rest = frame.start, frame.end, items, payload, rest
-
-
-class _Window:
-    """The records of one log on their way through the sink's queue, and the log's position,
-    saved at each move: a record is on its way from when it is handed (a replay killed then leaves
-    it in doubt) until the queue's thread settles it (``settled``, its ``done``).  The first record
-    the sink does not take (``keep``, the queue's set-aside) stops the replay: nothing after it is
-    tried, so the position can stay before it without anything after it having arrived."""
-
-    def __init__(self, position: LogPosition, counts: dict[str, int], progress: Progress) -> None:
-        self.position, self._counts, self._progress = position, counts, progress
-        self._lock = threading.Lock()
-        self._on_its_way = 0
-        self.stopped = False  # a record was not delivered: nothing more is tried in this replay
-
-    def on_its_way(self) -> int:
-        with self._lock:
-            return self._on_its_way
-
-    def guard(self, deliver: Callable[[str, Any], bool]) -> Callable[[str, Any], bool]:
-        return lambda kind, payload: False if self.stopped else deliver(kind, payload)
-
-    def guard_many(self, deliver_many: Callable[..., list[Any]] | None) -> Callable[..., list[Any]] | None:
-        if deliver_many is None:
-            return None
-        many = deliver_many
-
-        def guarded(kind: str, payloads: list[Any], progress: Callable[[], None]) -> list[Any]:
-            return [False] * len(payloads) if self.stopped else many(kind, payloads, progress)
-
-        return guarded
-
-    def hand(self, frame: Frame, kind: str, payload: Any, rest: dict[str, Any] | None) -> _Record:
-        """A record is handed to the queue: counted, and on its way from now on."""
-        record = _Record(frame, item_count(kind, payload), payload, rest)
-        with self._lock:
-            self._counts["records"] += 1
-            self._counts["items"] += record.items
-            self._on_its_way += 1
-            position = self.position
-            if rest is not None:
-                position.after[frame.start] = Settled(frame.end, "way", rest)
-            else:
-                position.after.pop(frame.start, None)
-            position.handed = max(position.handed, frame.end)
-            position.save()
-        return record
-
-    def skip(self, frame: Frame, damaged: str | None = None) -> None:
-        """A record with nothing to deliver: the run's end, one delivered by an earlier replay, or
-        a damaged one (``damaged`` says so)."""
-        with self._lock:
-            if damaged is not None:
-                self._progress.say(damaged)
-                self._counts["records"] += 1
-                self._counts["damaged"] += 1
-                self._progress.step(False)
-            self._move(frame.start, Settled(frame.end, "landed"))
-
-    def left(self, frame: Frame) -> None:
-        """A record not tried, after the replay stopped: counted as not delivered."""
-        if isinstance(frame.item, Damaged) or frame.item[0] == "end":
-            return
-        with self._lock:
-            self._counts["records"] += 1
-            self._counts["failed"] += 1
-            self._counts["items"] += item_count(*frame.item)
-            self._progress.step(False)
-
-    def keep(self, kind: str, payload: Any, tokens: list[Any]) -> str:
-        """The queue's set-aside: the sink did not take ``payload`` (all of the records of
-        ``tokens``, or what is left of one): it stays in the log, and replay stops."""
-        self.stopped = True
-        for record in tokens:
-            if payload is not record.payload and kind in ENCODERS:  # part of it landed: keep the rest
-                record.rest = {"kind": kind, "data": ENCODERS[kind](payload)}
-        return "spooled"
-
-    def settled(self, record: _Record, outcome: str) -> None:
-        with self._lock:
-            self._on_its_way -= 1
-            record.payload = None
-            delivered = outcome == "delivered"
-            self._counts["delivered" if delivered else "failed"] += 1
-            self._counts["items_delivered"] += record.items if delivered else 0
-            self._progress.step(delivered)
-            state = "landed" if delivered else "rest" if record.rest is not None else "kept"
-            self._move(record.start, Settled(record.end, state, None if delivered else record.rest))
-
-    def _move(self, start: int, settled: Settled) -> None:
-        position = self.position
-        position.after[start] = settled
-        position.handed = max(position.handed, settled.end)
-        position.compact()
-        position.save()
-
-
-def _settle_all(queue: SinkQueue) -> None:
-    """Wait until every record handed to ``queue`` is delivered or kept."""
-    while not queue.flush(60.0):
-        pass
-
-
 @contextlib.contextmanager
 def _turn(directory: Path) -> Iterator[bool]:
     """This replay's turn at one run's logs: True while no other replay holds the directory."""
@@ -354,46 +236,6 @@ def _turn(directory: Path) -> Iterator[bool]:
             yield False
             return
         yield True
-    finally:
-        os.close(fd)
-
-
-def _written_now(path: Path) -> bool:
-    """Whether a process holds the log open to append to it (its writer's shared ``flock``)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # releases the lock at once: a writer opening now waits an instant for it
-    return False
-
-
-def _remove_if_delivered(path: Path, position: LogPosition) -> str:
-    """Remove a log whose every record is delivered, unless a writer holds it: "removed",
-    "writing" (a running process still appends to it) or "grown" (records came since; another
-    pass delivers them).  The exclusive lock keeps writers out while it looks and removes; a writer
-    that opened the log meanwhile finds it gone once it has its lock, and makes a new one."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return "removed"
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return "writing"
-        size = os.fstat(fd).st_size
-        tail = size - position.offset
-        if tail > 0 and (tail > 4096 or os.pread(fd, tail, position.offset).strip()):
-            return "grown"
-        os.unlink(path)  # the log first: a position without its log names no log and is ignored
-        position.remove()
-        return "removed"
     finally:
         os.close(fd)
 
@@ -445,7 +287,7 @@ def _replay_log(path: Path, out: TextIO, env: Mapping[str, str] | None, interrup
             "name to deliver them anyway)\n"
         )
     if position.offset >= path.stat().st_size and not position.after:  # nothing new since the last replay
-        state = _remove_if_delivered(path, position)
+        state = remove_if_delivered(path, position)
         if state == "writing":
             out.write(f"{path}: nothing new; a running process still writes it: the next replay delivers the rest\n")
             return _counts(writing=1, skipped=1, in_doubt=in_doubt)
@@ -469,72 +311,47 @@ def _replay_log(path: Path, out: TextIO, env: Mapping[str, str] | None, interrup
     done_before, total = _records_in(path, position.offset)
     if position.resumed:
         out.write(f"{path}: going on after record {done_before} (where an earlier replay left it)\n")
-    progress = Progress(total - (ended is not None), f"{header['sink']} <- {path.name}", out)
+    records = total - (ended is not None)
+    progress = Progress(records, f"{header['sink']} <- {path.name}", out)
     counts = _counts(in_doubt=in_doubt)
-    window = _Window(position, counts, progress)
-    # The sink's queue, the engine every sink has: its retries, its groups (MLflow: a request of up
-    # to 1,000 metrics); what it cannot deliver stays in the log (``window.keep``).  Its queue size
-    # is the window's: replay never has more on their way.
-    policy = dataclasses.replace(settings.delivery, export_interval_s=0.0, queue_size=_WINDOW)
-    queue = SinkQueue(
-        f"replay-{sink.name}", window.guard(sink.deliver), sink.count, None, policy, done=window.settled,
-        set_aside=window.keep, deliver_many=window.guard_many(sink.deliver_many),
+
+    def landed(n: int, items: int) -> None:
+        counts["delivered"] += n
+        counts["items_delivered"] += items
+        for _ in range(n):
+            progress.step(True)
+
+    # The reader every tracker's log has (delivery/reader.py): its retries, its groups (MLflow: a
+    # request of up to 1,000 metrics); it stops at the first group the tracker does not take, which
+    # stays in the log.  At most once: what is on its way is marked handed first.
+    reader = LogReader(
+        path, sink, dataclasses.replace(settings.delivery, export_interval_s=0.0), build_resource(settings),
+        follow=False, at_most_once=True, landed=landed, say=progress.say, stop=interrupt.requested,
     )  # fmt: skip
-    # A second Ctrl-C (KeyboardInterrupt) leaves from the middle of this: what is on its way is in
-    # doubt at the next replay.
     state = "grown"
     while state == "grown":  # records came while it delivered, from a writer gone since: once more
-        before = position.offset
-        state = _deliver_pass(path, sink, queue, window, interrupt)
+        before = reader.at()
+        state = reader.run()
         if state == "delivered":
-            state = _remove_if_delivered(path, position)
-            if state == "grown" and position.offset == before:
+            state = remove_if_delivered(path, reader.position)
+            if state == "grown" and reader.at() == before:
                 state = "writing"  # nothing came of another pass: leave the rest to the next replay
-    queue.stop(settings.finish_timeout_s)
     sink.finish(0 if ended is None else ended)
+    counts["damaged"] = reader.damaged
+    pending = pending_items(path)
+    counts["items"] = counts["items_delivered"] + pending
     if state == "interrupted":
+        counts["records"] = counts["delivered"] + counts["damaged"]
         counts["interrupted"] = 1
-        done_now, _ = _records_in(path, position.offset)
+        done_now, _ = _records_in(path, reader.at())
         progress.say(f"{path}: interrupted; the next replay goes on after record {done_now}")
+    else:
+        counts["records"] = max(records, counts["delivered"] + counts["damaged"])
+        counts["failed"] = counts["records"] - counts["delivered"] - counts["damaged"]
+        for _ in range(counts["failed"]):
+            progress.step(False)
     counts["writing"] = int(state == "writing")
     return counts
-
-
-def _deliver_pass(path: Path, sink: Sink, queue: SinkQueue, window: _Window, interrupt: Interrupt) -> str:
-    """Hand the log's records from its position to its end to the queue, and wait until they are
-    settled: "delivered" (all of them), "stopped" (the sink did not take one), "interrupted", or
-    "writing" (it ends in a record a running process is still writing)."""
-    position = window.position
-    _, frames = read_frames(path, position.offset)
-    outcome = "delivered"
-    for frame in frames:
-        if window.stopped:
-            window.left(frame)
-            continue
-        if interrupt.requested.is_set():
-            outcome = "interrupted"
-            break
-        settled = position.after.get(frame.start) if frame.start < position.handed else None
-        if isinstance(frame.item, Damaged):
-            if frame.item.reason == CUT_SHORT and _written_now(path):
-                outcome = "writing"  # not torn: still being written; the next replay reads it whole
-                break
-            damaged = frame.item
-            window.skip(frame, f"{damaged.path}: damaged record at byte {damaged.offset} skipped ({damaged.reason})")
-        elif (settled is not None and settled.state == "landed") or frame.item[0] == "end":
-            window.skip(frame)  # delivered by an earlier replay; or not data: it says how the run ended
-        else:
-            kind, payload = frame.item
-            rest = settled.rest if settled is not None else None
-            if rest is not None:  # part of it landed before: only the rest goes
-                kind, payload = rest["kind"], DECODERS[rest["kind"]](rest["data"])
-            if kind == "metrics" and sink.exporters.step_records is not None:  # a log() call again, for
-                payload = step_batch_of(payload) or payload  # a step exporter's bulk path
-            queue.submit(kind, payload, window.hand(frame, kind, payload, rest))
-            if window.on_its_way() >= _WINDOW:
-                _settle_all(queue)
-    _settle_all(queue)
-    return "stopped" if window.stopped else outcome
 
 
 def main(paths: list[str], out: TextIO = sys.stderr) -> int:

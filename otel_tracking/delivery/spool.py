@@ -57,7 +57,10 @@ class Spool:
         self._lock = threading.Lock()
 
     def write(self, kind: str, payload: Any) -> None:
-        line = frame(json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str)).encode()
+        self.append(record_line(kind, payload))
+
+    def append(self, line: bytes) -> None:
+        """One record, framed already (:func:`record_line`), appended in one ``write``."""
         with self._lock:
             if self._fd is None:
                 self._fd = self._open()
@@ -118,6 +121,11 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def record_line(kind: str, payload: Any) -> bytes:
+    """One record of ``kind`` as a log keeps it: a framed line."""
+    return frame(json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str)).encode()
 
 
 def frame(text: str) -> str:
