@@ -1,15 +1,16 @@
 """Batching across steps for MLflow (issue 22), as a model-based test.
 
-Hypothesis drives the real delivery path of one tracker sink: ``Sink`` + ``SinkQueue`` + ``Spool``
-and the real ``MlflowSession`` packing queued steps into ``log_batch`` requests in lanes.
+Hypothesis drives the real delivery path of one tracker sink: its log (``LogWriter``), its
+``LogReader`` and ``Sink``, and the real ``MlflowSession`` packing the steps waiting in the log into
+``log_batch`` requests in lanes; then replay's reader on what is left.
 The MLflow client is the only stand-in, because it is where faults are injected: it checks every
 request with MLflow's own validators (``_validate_batch_log_limits``, the request's JSON as
 MLflow's REST store writes it, within ``MAX_BATCH_LOG_REQUEST_SIZE``), and fails requests on a
 drawn schedule (nothing of a failed request lands, as in MLflow's one transaction per request).
 
 Whatever the steps, keys and faults: every request is within the limits, every (key, step,
-value) arrives exactly once once the spool is replayed (never twice: no point that landed is
-sent again, across retries and the spool), and each key's live points arrive in the order they
+value) arrives exactly once once the log is replayed (never twice: no point that landed is
+sent again, across retries and replay), and each key's live points arrive in the order they
 were logged.
 """
 
@@ -19,18 +20,21 @@ import itertools
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from opentelemetry.sdk.metrics.export import MetricExportResult
 from opentelemetry.sdk.resources import Resource
 
 from otel_tracking.config.policy import Policy
+from otel_tracking.delivery.log_writer import LogWriter
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.spool import Damaged, Spool, read_spool
+from otel_tracking.delivery.reader import LogReader
+from otel_tracking.delivery.spool import Spool
+from otel_tracking.delivery.tracker_logs import count_from_log
 from otel_tracking.exporters import mlflow as mlflow_bridge
 from otel_tracking.exporters._base import SinkParts
 from otel_tracking.exporters._batching import Limits, lanes
@@ -131,20 +135,27 @@ def test_any_steps_any_faults_every_point_once_within_the_limits_in_order(
     try:
         sink = Sink("mlflow", SinkParts(metrics=mlflow_bridge.EXPORTERS.metrics(session)))
         policy = Policy(max_attempts=attempts, backoff_s=0.001, backoff_max_s=0.002, probe_interval_s=0.005)
-        spool_path = root / "mlflow.jsonl"
-        sink.start(Spool(spool_path, {"sink": "mlflow"}), policy, held=held)
+        log = Spool(root / "mlflow.jsonl", {"sink": "mlflow"})
+        writer = LogWriter({"mlflow": log})
+        reader = LogReader(log.path, sink, policy, RESOURCE, follow=True)
+        if not held:  # held: the tracker opens after every step was logged (they wait in its log)
+            reader.start()
         logged: list[tuple[str, int, float]] = []
         for index, (step, names) in enumerate(calls):
             scalars = {key: float(index * 1000 + position) for position, key in enumerate(names)}
             logged += [(key, step, value) for key, value in scalars.items()]
-            sink.export_metrics(StepBatch(RESOURCE, step, scalars, {}, 1_700_000_000_000_000_000 + index))
-        assert sink.queue is not None
-        sink.queue.release()
-        assert sink.queue.flush(30)  # every attempt made (finish() would allow only one more each)
-        sink.finish(0, timeout_s=30)
-        ledger = sink.queue.snapshot()
-        assert ledger.balanced() and ledger.queued == ledger.in_flight == ledger.dropped == 0, ledger
-        assert ledger.delivered + ledger.spooled == len(calls)
+            writer.append(["mlflow"], "step", StepBatch(RESOURCE, step, scalars, {}, 1_700_000_000_000_000_000 + index))
+        writer.close()
+        if held:
+            reader.start()
+        reader.drain(0.5, since=time.monotonic())  # a tracker that takes nothing for 0.5 s: the rest stays
+        reader.stop()
+        deadline = time.monotonic() + 30  # (its export on the way ends: replay must not overlap it)
+        while not reader.done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        count_from_log(sink, writer)
+        assert sink.stats.dropped == 0
+        assert sink.stats.delivered + sink.stats.spooled == len(calls), sink.stats
 
         live = list(client.arrived)
         # Live, each key's points arrive in the order they were logged (a value says its log() call).
@@ -152,14 +163,11 @@ def test_any_steps_any_faults_every_point_once_within_the_limits_in_order(
             values = [value for k, _, value in live if k == key]
             assert values == sorted(values), (key, values)
 
-        # Replay what was spooled (only what had not landed) into a healthy MLflow.
+        # Replay what is left (only what had not landed) into a healthy MLflow.
         client.schedule = [False]
-        if spool_path.exists():
-            _, records = read_spool(spool_path)
-            exporter = mlflow_bridge.EXPORTERS.metrics(session)  # as otel-tracking replay delivers a spool
-            for record in records:
-                assert not isinstance(record, Damaged), record
-                assert exporter.export(record[1]) == MetricExportResult.SUCCESS
+        if log.path.exists():
+            replay = LogReader(log.path, sink, policy, RESOURCE, follow=False, at_most_once=True)
+            assert replay.run() == "delivered" and replay.damaged == 0
         assert sorted(client.arrived) == sorted(logged)  # every point, exactly once
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -207,13 +215,18 @@ def test_queued_steps_go_together_in_requests_of_up_to_a_thousand_metrics() -> N
     client = FaultyMlflowClient([False], mlflow_bridge.BATCH_LIMITS)
     session = mlflow_bridge.MlflowSession(client, "run", "0", "http://127.0.0.1:9", "proj")
     sink = Sink("mlflow", SinkParts(metrics=mlflow_bridge.EXPORTERS.metrics(session)))
-    sink.start(None, Policy(), held=True)
+    root = Path(tempfile.mkdtemp(prefix="land-"))
+    log = Spool(root / "mlflow.jsonl", {"sink": "mlflow"})
+    writer = LogWriter({"mlflow": log})
     names = [f"actor/metric_{i}" for i in range(200)]
     for step in range(50):
-        sink.export_metrics(StepBatch(RESOURCE, step, dict.fromkeys(names, float(step)), {}, step))
-    assert sink.queue is not None
-    sink.queue.release()
-    sink.finish(0, timeout_s=30)
+        writer.append(["mlflow"], "step", StepBatch(RESOURCE, step, dict.fromkeys(names, float(step)), {}, step))
+    writer.close()
+    reader = LogReader(log.path, sink, Policy(), RESOURCE, follow=True)
+    reader.start()  # the tracker opened: every step waits in its log
+    assert reader.drain(30.0, since=time.monotonic()) == "drained"
+    count_from_log(sink, writer)
+    shutil.rmtree(root, ignore_errors=True)
     assert sink.stats.delivered == 50
     assert sorted(client.arrived) == sorted((k, s, float(s)) for s in range(50) for k in names)
     assert len(client.requests) == 12 and max(client.requests) <= 1000, client.requests

@@ -557,7 +557,7 @@ def test_two_replays_of_one_run_take_turns(isolated: Path) -> None:
         with HttpReceiver() as receiver:
             done = _replay(receiver, run)
             assert done.returncode == 75, done.stderr
-            assert "another replay is delivering this run's logs right now; left to it" in done.stderr
+            assert "a running job or another replay is delivering this run's logs right now; left to it" in done.stderr
             assert receiver.received.spans() == []
     finally:
         os.close(other)

@@ -41,6 +41,7 @@ from otel_tracking.config.run_config import RunConfig
 from otel_tracking.config.settings import Settings
 from otel_tracking.delivery.pipeline import PROGRESS_AFTER_S, Sink
 from otel_tracking.delivery.reader import LogReader
+from otel_tracking.delivery.spool import next_part
 
 logger = logging.getLogger("otel_tracking")
 
@@ -181,12 +182,12 @@ def _caught_up(trackers: dict[str, _Tracker], deadline: float) -> bool:
     not opened (every tracker is waited for, none skipped)."""
     ok = True
     for tracker in trackers.values():
-        end = _size(tracker.log)
         reader = tracker.reader
         if reader is None:
-            ok = ok and end == 0
+            ok = ok and _size(tracker.log) == 0
             continue
-        ok = reader.caught_up(end, max(0.0, deadline - time.monotonic())) and ok
+        path = _last_part(tracker.log)
+        ok = reader.caught_up(path, _size(path), max(0.0, deadline - time.monotonic())) and ok
     return ok
 
 
@@ -220,6 +221,13 @@ def _finish(trackers: dict[str, _Tracker], exit_code: int, stall_s: float, wait_
             unended.append(name)
         tracker.sink.finish(exit_code, timeout_s=stall_s, since=since)
     return unended
+
+
+def _last_part(path: Any) -> Any:
+    """The part of a log the training process writes now (it wrote everything before a flush)."""
+    while next_part(path).exists():
+        path = next_part(path)
+    return path
 
 
 def _size(path: Any) -> int:

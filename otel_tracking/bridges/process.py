@@ -50,13 +50,11 @@ import pickle
 import queue
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 from otel_tracking.bridges.wire import (
@@ -79,11 +77,10 @@ from otel_tracking.config.settings import ConfigError, Settings
 from otel_tracking.delivery.engine import HURRY, Policy
 from otel_tracking.delivery.log_writer import LogWriter
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.reader import pending_items, remove_if_delivered
-from otel_tracking.delivery.spool import Spool, sink_spool
+from otel_tracking.delivery.spool import Spool
+from otel_tracking.delivery.tracker_logs import as_record, close_log, count_from_log, logs_settings, writer_for
 from otel_tracking.exporters._base import SinkParts
 from otel_tracking.signals.redact import scrub_text
-from otel_tracking.signals.steps import StepBatch
 
 logger = logging.getLogger("otel_tracking")
 
@@ -92,12 +89,7 @@ class BridgeProcess:
     """The training process's side: starts the child, appends what its trackers get to their logs."""
 
     def __init__(self, settings: Settings) -> None:
-        if settings.spool_writable is False:
-            # The logs are the hand-over: with no spool directory to keep them in, a private one
-            # serves for the run (what is not delivered by its end cannot be replayed; said once).
-            private = Path(tempfile.mkdtemp(prefix="otel-tracking-logs-"))
-            settings = replace(settings, spool_dir=private, spool_writable=True)
-        self.settings = settings
+        self.settings = logs_settings(settings)  # the logs are the hand-over: they need a directory
         self.sinks: dict[str, RemoteSink] = {}
         self.writer: LogWriter | None = None  # once open() has made the remote sinks
         self._send_lock = threading.Lock()  # one writer on the pipe (it may block: never under another lock)
@@ -190,12 +182,7 @@ class BridgeProcess:
                 settings.start_timeout_s,
                 "It opens" if len(still_opening) == 1 else "They open",
             )
-        logs: dict[str, Spool] = {}
-        for name in names:
-            log = sink_spool(self.sinks[name], self.settings, os.getpid())
-            assert log is not None  # (the settings say the spool directory is writable)
-            logs[name] = log
-        self.writer = LogWriter(logs, capacity=max(settings.delivery.queue_size, 1))
+        self.writer = writer_for([self.sinks[name] for name in names], self.settings)
         return [self.sinks[name] for name in names]
 
     def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, Opened | Failed], bool]:
@@ -248,9 +235,7 @@ class BridgeProcess:
         """Hand one item to the named trackers (pipeline.export_to gathers them): appended once to
         each of their logs, by the writer's thread; never blocks on the child."""
         assert self.writer is not None, "the remote sinks exist once open() has made the logs"
-        if kind == "metrics" and isinstance(payload, StepBatch):
-            kind = "step"  # a log() call: its values as they are, not as OTel metric data
-        self.writer.append(names, kind, payload)
+        self.writer.append(names, *as_record(kind, payload))
 
     def wait_handed(self, timeout_s: float) -> bool:
         """Wait until every item so far is in the logs; False on timeout."""
@@ -421,26 +406,13 @@ class BridgeProcess:
         self._settle_logs(exit_code)
 
     def _settle_logs(self, exit_code: int) -> None:
-        """Each tracker's counts from its log: what is past the position is spooled (replay
-        delivers it), the rest delivered; a log delivered in full is removed."""
+        """Each tracker's counts from its log (and the export attempts the child saw); a log
+        delivered in full is removed, one whose backend run nobody ended gets an end record."""
         if self.writer is None:
             return
         for name, sink in self.sinks.items():
-            log = self.writer.logs[name]
-            appended, dropped = self.writer.appended[name], self.writer.dropped[name]
-            pending = pending_items(log.path)
-            sink.count("delivered", max(0, appended - dropped - pending))
-            sink.count("spooled", pending)
-            sink.count("dropped", dropped)
-            for field in ("failed", "retried"):  # export attempts, which only the child saw
-                sink.count(field, self._stats.get(name, {}).get(field, 0))
-            if name in self._unended and (pending or log.path.exists()):
-                self.writer.end(name, exit_code)  # replay ends the backend's run so
-            elif not pending:
-                remove_if_delivered(log.path)
-
-    def child_stats(self, name: str) -> dict[str, int]:
-        return self._stats.get(name, {})
+            count_from_log(sink, self.writer, self._stats.get(name))
+            close_log(name, self.writer, ended=name not in self._unended, exit_code=exit_code)
 
     def _close(self) -> None:
         # Only the sending end: the reader thread closes its own end when the child has gone (closing
@@ -517,15 +489,6 @@ class RemoteSink(Sink):
         ``info`` stays as it was, taking every kind, so that nothing logged for it goes nowhere)."""
         self.where = f"did not open ({error}): spooled"
         _say_spooled(self.name, error, self.link.settings.spool_dir)
-
-    def flush(self, timeout_s: float) -> bool:
-        return self.link.flush(timeout_s)
-
-    def finish(self, exit_code: int, timeout_s: float = 30.0, since: float | None = None) -> None:
-        if self._finished:
-            return
-        self._finished = True
-        self.link.finish(exit_code, timeout_s)
 
 
 def _writes_nothing(info: TrackerInfo) -> bool:

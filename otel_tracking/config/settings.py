@@ -143,6 +143,7 @@ class Settings:
     bridge_process: bool = True  # the ML trackers run in a child process (bridges/process.py)
     spool_dir: Path = Path("spool")
     spool_writable: bool | None = None  # None: not checked yet (spool.check_spool_dir)
+    spool_max_bytes: int = 1 << 30  # OTEL_TRACKING_SPOOL_MAX_MB: a tracker's log on disk, at most (log_writer.py)
     file_path: Path | None = None
     tensorboard_dir: Path | None = None
     role: str | None = None  # ml.role: what this process does in the job (driver, actor, rollout, ...)
@@ -296,6 +297,7 @@ def build_settings(
         start_timeout_s=_number(e, "OTEL_TRACKING_START_TIMEOUT", 5.0, minimum=0.0),
         bridge_process=_bool(e, "OTEL_TRACKING_BRIDGE_PROCESS", default=True),
         spool_dir=paths.spool_dir(project, experiment, run_id, e),
+        spool_max_bytes=int(_number(e, "OTEL_TRACKING_SPOOL_MAX_MB", 1024, minimum=1)) << 20,
         file_path=paths.file_sink_path(project, experiment, e),
         tensorboard_dir=paths.tensorboard_dir(project, experiment, e),
         role=e.get("OTEL_TRACKING_ROLE") or None,

@@ -9,10 +9,15 @@ for, on one thread, so that neither its encoding nor the disk reaches ``log()``.
 same line to each of its sinks' logs (``spool.Spool``: one ``write`` a record, 0600).  Nothing
 waits for a tracker: the log is the record, and the sink's reader delivers from it.
 
-Bounded: past ``capacity`` records waiting (a disk slower than the training loop for that long),
-``append()`` writes what waits itself, in order, before it returns: the training loop then goes at
-the disk's pace, never at a tracker's, and memory stays bounded.  A record that cannot be written
-(a full disk) is counted ``dropped`` for its sinks, with one warning.
+Bounded in memory: past ``capacity`` records waiting (a disk slower than the training loop for
+that long), ``append()`` writes what waits itself, in order, before it returns: the training loop
+then goes at the disk's pace, never at a tracker's.
+
+Bounded on disk: a log is cut into parts of ``PART_BYTES`` (``spool.next_part``); its reader
+removes a part once it delivered all of it.  A sink whose parts on disk reach ``max_bytes``
+(``OTEL_TRACKING_SPOOL_MAX_MB``: its tracker has taken nothing for that long) gets no more records
+until its reader catches up: each one is counted ``dropped``, with one warning, never silently.  A
+record that cannot be written (a full disk) is dropped and counted the same way.
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from otel_tracking.delivery.spool import Spool, record_line
+from otel_tracking.delivery.spool import PART_BYTES, Spool, next_part, record_line
 
 logger = logging.getLogger("otel_tracking")
 
 CAPACITY = 10_000  # records waiting for the writer thread before append() writes them itself
+MAX_BYTES = 1 << 30  # a sink's parts on disk, at most (OTEL_TRACKING_SPOOL_MAX_MB)
 
 
 def items_in(kind: str, payload: Any) -> int:
@@ -42,10 +49,21 @@ class LogWriter:
     own.  ``written()`` is told each time records reached the disk."""
 
     def __init__(
-        self, logs: Mapping[str, Spool], capacity: int = CAPACITY, written: Callable[[], None] | None = None
+        self,
+        logs: Mapping[str, Spool],
+        capacity: int = CAPACITY,
+        written: Callable[[], None] | None = None,
+        max_bytes: int = MAX_BYTES,
+        part_bytes: int = PART_BYTES,
     ) -> None:
-        self.logs = dict(logs)
+        self.logs = dict(logs)  # each sink's part being written
+        self.parts: dict[str, list[Path]] = {name: [log.path] for name, log in self.logs.items()}
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.part_bytes = part_bytes
+        self._part_size = dict.fromkeys(self.logs, 0)  # bytes this writer put in each sink's part
+        self._on_disk = dict.fromkeys(self.logs, 0)  # ... and in all its parts (less those removed)
+        self._full: set[str] = set()  # sinks at max_bytes (said once each)
         self._written = written
         self.appended: dict[str, int] = defaultdict(int)  # items handed, per sink
         self.dropped: dict[str, int] = defaultdict(int)  # items that could not be written, per sink
@@ -104,8 +122,15 @@ class LogWriter:
                 self.dropped[name] += items_in(kind, payload)
             return
         for name in names:
+            if self._on_disk[name] + len(line) > self.max_bytes and not self._room(name, len(line)):
+                self.dropped[name] += items_in(kind, payload)
+                continue
             try:
                 self.logs[name].append(line)
+                self._part_size[name] += len(line)
+                self._on_disk[name] += len(line)
+                if self._part_size[name] >= self.part_bytes:
+                    self._next_part(name)
             except OSError as error:
                 self.dropped[name] += items_in(kind, payload)
                 if not self._warned:
@@ -115,6 +140,31 @@ class LogWriter:
                         self.logs[name].path,
                         error.strerror or type(error).__name__,
                     )
+
+    def _next_part(self, name: str) -> None:
+        """Go on in the next part of a sink's log (this one is whole: its reader may remove it)."""
+        current = self.logs[name]
+        current.close()
+        self.logs[name] = Spool(next_part(current.path), dict(current.header))
+        self.parts[name].append(self.logs[name].path)
+        self._part_size[name] = 0
+
+    def _room(self, name: str, size: int) -> bool:
+        """Whether a sink at its bound has room again (its reader removed parts it delivered)."""
+        self.parts[name] = [path for path in self.parts[name] if path.exists() or path == self.logs[name].path]
+        self._on_disk[name] = sum(_size(path) for path in self.parts[name])
+        if self._on_disk[name] + size <= self.max_bytes:
+            self._full.discard(name)
+            return True
+        if name not in self._full:
+            self._full.add(name)
+            logger.warning(
+                "otel-tracking: %s has %d MB in the spool that its tracker has not taken "
+                "(OTEL_TRACKING_SPOOL_MAX_MB); what is logged for it is dropped, and counted, until it catches up",
+                name,
+                self.max_bytes >> 20,
+            )
+        return False
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every record appended so far is written (or counted dropped); False on timeout."""
@@ -147,3 +197,10 @@ class LogWriter:
         self._write_waiting()
         for log in self.logs.values():
             log.close()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

@@ -73,10 +73,15 @@ _FAILED = (MetricExportResult.FAILURE, SpanExportResult.FAILURE)
 
 
 class Transport(Protocol):
-    """What takes items for several sinks at once (the pipe to the bridge process): one item,
-    the names of the sinks it is for."""
+    """What takes items for several sinks at once (the trackers' logs, ``tracker_logs.py`` and
+    ``bridges/process.py``): one item, the names of the sinks it is for.  Its ``flush`` and
+    ``finish`` are its sinks' (called once for each of them: the first does the work)."""
 
     def submit(self, names: Sequence[str], kind: str, payload: Any) -> None: ...
+
+    def flush(self, timeout_s: float) -> bool: ...
+
+    def finish(self, exit_code: int, timeout_s: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,7 @@ class Sink:
         ``done(token, outcome)`` hears when each item submitted with a token reached its end, and
         ``progressed()`` when part of a group of them landed.  A ``held`` sink's backend is still
         opening: its queue keeps what comes until :meth:`attach`."""
-        if not self.inline and self.queue is None:
+        if not self.inline and self.queue is None and self.transport is None:
             self.queue = SinkQueue(
                 self.name,
                 self.deliver,
@@ -219,6 +224,8 @@ class Sink:
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until what was handed to this sink so far is delivered or spooled."""
+        if self.transport is not None:
+            return self.transport.flush(timeout_s)
         return self.queue.flush(timeout_s) if self.queue is not None else True
 
     @property
@@ -342,6 +349,8 @@ class Sink:
         if self._finished:
             return
         self._finished = True
+        if self.transport is not None:  # its log delivered while the backend makes progress, counted
+            self.transport.finish(exit_code, timeout_s)
         if self.queue is not None:
             # a backend still opening is waited for until the timeout, then given up
             self.queue.stop(timeout_s, since)

@@ -43,7 +43,7 @@ from otel_tracking.delivery.codec import DECODERS, ENCODERS
 from otel_tracking.delivery.log_writer import items_in
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.position import LogPosition, Settled
-from otel_tracking.delivery.spool import CUT_SHORT, Damaged, Frame, read_frames, read_header
+from otel_tracking.delivery.spool import CUT_SHORT, Damaged, Frame, next_part, part_of, read_frames, read_header
 from otel_tracking.signals.steps import StepBatch, step_batch_of
 
 logger = logging.getLogger("otel_tracking")
@@ -110,25 +110,38 @@ class LogReader:
         self._writer_done = threading.Event()  # (following) nothing more will be appended
         self._stop = stop if stop is not None else threading.Event()  # replay's: its Ctrl-C
         self._thread: threading.Thread | None = None
+        self._turn: int | None = None  # (following) the run directory, held shared while it reads
 
     # --- the live reader's thread ----------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name=f"otel-tracking-{self.sink.name}", daemon=True)
+        self._thread = threading.Thread(target=self._follow, name=f"otel-tracking-{self.sink.name}", daemon=True)
         self._thread.start()
 
+    def _follow(self) -> None:
+        try:
+            self.run()
+        except Exception:  # the thread must never die silently: what is left stays in the log
+            logger.exception("otel-tracking: the reader of %s stopped", self.path)
+        finally:
+            if self._turn is not None:
+                os.close(self._turn)
+                self._turn = None
+            self._set_caught_up()
+
     def run(self) -> str:
-        """Deliver from the position to the end (following: until stopped): "delivered",
-        "stopped" (not following: the tracker did not take a group), "interrupted" (:meth:`stop`)
-        or "writing" (not following: it ends in a record a running process is still writing)."""
+        """Deliver from the position to the end (following: until stopped, part after part):
+        "delivered", "stopped" (not following: the tracker did not take a group), "interrupted"
+        (:meth:`stop`) or "writing" (not following: it ends in a record a process still writes)."""
         if not self._open():
             return "delivered"
         while True:
             if self._stop.is_set():
                 return "interrupted"
             if self.follow and self._size() <= self.at() and not self._writer_done.is_set():
-                self._set_caught_up()
-                self._stop.wait(_POLL_S)  # nothing new: look again in a moment
+                if not self._next_part():
+                    self._set_caught_up()
+                    self._stop.wait(_POLL_S)  # nothing new: look again in a moment
                 continue
             group, at_end = self._read_group()
             if group:
@@ -138,11 +151,24 @@ class LogReader:
                 return "stopped"
             if at_end == "torn-tail" and not self.follow:
                 return "writing"
+            if self.follow and self._next_part():
+                continue
             if not self.follow or (self._writer_done.is_set() and at_end == "end"):
                 self._set_caught_up()
                 return "delivered"
             self._set_caught_up()
             self._stop.wait(_POLL_S)
+
+    def _next_part(self) -> bool:
+        """(Following.)  The writer went on in the next part of the log: this one, delivered in
+        full, is removed, and reading goes on there."""
+        following = next_part(self.path)
+        if not following.exists() or self._size() > self.at():
+            return False
+        remove_if_delivered(self.path, self.position)
+        with self._cond:
+            self.path, self.header_line, self.position = following, b"", None
+        return self._open()
 
     def _open(self) -> bool:
         """Load the position once the log has its header (a live log may not exist yet)."""
@@ -156,6 +182,8 @@ class LogReader:
                 return False
             self._stop.wait(_POLL_S)
         header, _ = read_header(self.path)
+        if self.follow and not self._take_turn():
+            return False
         position = LogPosition.load(self.path, self.header_line)
         if self._resume and not header.get("resume") and not position.resume:
             position.resume = self._resume  # a replay of what is left goes on into the same run
@@ -163,6 +191,26 @@ class LogReader:
         with self._cond:
             self.position = position
         return True
+
+    def _take_turn(self) -> bool:
+        """(Following.)  Hold the run directory shared while this reader delivers: replay holds
+        it exclusively (``replay._turn``), so that a replay never delivers a log a live reader
+        delivers too.  Waits while a replay has it (it delivers this run's logs right now)."""
+        if self._turn is not None:
+            return True
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                self._turn = fd
+                return True
+            except BlockingIOError:
+                if self._stop.wait(10 * _POLL_S) or self._writer_done.is_set():
+                    os.close(fd)
+                    return False
+            except OSError:  # a file system without flock: nothing to coordinate with
+                self._turn = fd
+                return True
 
     def _read_group(self) -> tuple[list[_Entry], str]:
         """The next group from the position, records dealt with before skipped; and why reading
@@ -329,10 +377,9 @@ class LogReader:
             position.save()
             if settled.state == "landed":
                 self.last_progress = time.monotonic()
-                self.sink.count("delivered", items_in(entry.kind, entry.payload) if entry.kind != "metrics" else 1)
                 self._cond.notify_all()
         if settled.state == "landed" and self._landed is not None:
-            self._landed(1, items_in(entry.kind, entry.payload) if entry.kind != "metrics" else 1)
+            self._landed(1, entry.items)
 
     def _skip(self, frame: Frame, damaged: str | None = None) -> None:
         """A record with nothing to deliver: the run's end, one delivered before, or a damaged one."""
@@ -363,12 +410,12 @@ class LogReader:
         with self._cond:
             return self.position.offset if self.position is not None else len(self.header_line)
 
-    def caught_up(self, end: int, timeout_s: float) -> bool:
-        """Wait until every record before byte ``end`` of the log is delivered, or the tracker is
-        degraded (what it did not take stays in the log); False on timeout."""
+    def caught_up(self, path: Path, end: int, timeout_s: float) -> bool:
+        """Wait until every record before byte ``end`` of the log's part ``path`` is delivered, or
+        the tracker is degraded (what it did not take stays in the log); False on timeout."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while not self._failing and not self._past(end):
+            while not self._failing and not self._past(path, end):
                 if self._thread is not None and not self._thread.is_alive():
                     return False
                 remaining = deadline - time.monotonic()
@@ -377,7 +424,10 @@ class LogReader:
                 self._cond.wait(min(remaining, 0.1))
         return True
 
-    def _past(self, end: int) -> bool:
+    def _past(self, path: Path, end: int) -> bool:
+        """(Under the lock.)"""
+        if part_of(self.path) != part_of(path):
+            return part_of(self.path) > part_of(path)
         if self.position is None:
             return end <= 0
         return self.position.offset >= end
@@ -435,7 +485,8 @@ def _encode(payload: Any) -> Any:
 
 
 def pending_items(path: Path) -> int:
-    """Items in a log past its position (not delivered, or on their way), as the counts see them."""
+    """Items in a log (one part of it) past its position (not delivered, or on their way), as the
+    counts see them."""
     try:
         _, header_line = read_header(path)
     except FileNotFoundError:

@@ -51,7 +51,7 @@ from otel_tracking.delivery.position import (
     migrate_legacy,
 )
 from otel_tracking.delivery.reader import LogReader, pending_items, remove_if_delivered
-from otel_tracking.delivery.spool import read_header, unframe
+from otel_tracking.delivery.spool import part_of, read_header, unframe
 
 REPLAYED = ".replayed"  # the suffix an older release gave a log delivered in full
 _OTLP = {"otlp-metrics": "metrics", "otlp-traces": "traces", "otlp-logs": "logs"}
@@ -67,12 +67,14 @@ _ATTEMPT = re.compile(r"\.attempt(\d+)(?=\.)")
 # file of its own (it now appends to the sink's file); an interrupted replay kept what the backend
 # refused in ``<log>.retry``.
 _LINK = re.compile(r"\.link(?=\.jsonl$)")
+_PART = re.compile(r"\.part\d+(?=\.jsonl$)")
 
 
 def spool_files(paths: Iterable[Path]) -> list[Path]:
     """The spool logs under ``paths``, in the order their items were logged: a sink's log of
     each attempt of a run after the attempt before it (``mlflow.jsonl``, ``mlflow.attempt2.jsonl``,
-    ...), whatever their names sort as; an older release's ``<log>.retry`` just before its log."""
+    ...), each part of a log after the part before it (``mlflow.part2.jsonl``), whatever their
+    names sort as; an older release's ``<log>.retry`` just before its log."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
@@ -83,12 +85,14 @@ def spool_files(paths: Iterable[Path]) -> list[Path]:
     return sorted(dict.fromkeys(found), key=_logged_order)
 
 
-def _logged_order(path: Path) -> tuple[str, str, int, str, int]:
-    """(directory, the sink's file name without attempt or link tag, attempt, name, retry first)."""
+def _logged_order(path: Path) -> tuple[str, str, int, int, str, int]:
+    """(directory, the sink's file name without attempt, part or link tag, attempt, part, name,
+    retry first)."""
     name = path.name.removesuffix(LEGACY_RETRY)
     match = _ATTEMPT.search(name)
     attempt = int(match.group(1)) if match else 1
-    return str(path.parent), _LINK.sub("", _ATTEMPT.sub("", name)), attempt, name, int(name == path.name)
+    sink_file = _PART.sub("", _LINK.sub("", _ATTEMPT.sub("", name)))
+    return str(path.parent), sink_file, attempt, part_of(Path(name)), name, int(name == path.name)
 
 
 def rebuild_sink(header: Mapping[str, Any], env: Mapping[str, str] | None = None) -> tuple[Sink, Settings]:
@@ -250,7 +254,7 @@ def replay_file(
     their way are settled."""
     with _turn(path.parent) as mine:
         if not mine:
-            out.write(f"{path}: another replay is delivering this run's logs right now; left to it\n")
+            out.write(f"{path}: a running job or another replay is delivering this run's logs right now; left to it\n")
             return _counts(left=1, skipped=1)
         try:
             return _replay_log(path, out, env, interrupt or _NEVER)

@@ -123,6 +123,26 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+# A sink's log is cut into parts of about this size (``<sink>.jsonl``, ``<sink>.part2.jsonl``, ...):
+# a part its reader delivered in full is removed while the run goes on, so a long run's disk use
+# is what is not delivered yet, not all it ever logged.
+PART_BYTES = 64 << 20
+_PART = re.compile(r"\.part(\d+)(?=\.jsonl$)")
+
+
+def part_of(path: Path) -> int:
+    """Which part of its sink's log a file is: 1 for ``<sink>.jsonl``, n for ``<sink>.part<n>.jsonl``."""
+    match = _PART.search(path.name)
+    return int(match.group(1)) if match else 1
+
+
+def next_part(path: Path) -> Path:
+    """The file of the part after ``path``."""
+    n = part_of(path)
+    name = _PART.sub("", path.name).removesuffix(".jsonl")
+    return path.with_name(f"{name}.part{n + 1}.jsonl")
+
+
 def record_line(kind: str, payload: Any) -> bytes:
     """One record of ``kind`` as a log keeps it: a framed line."""
     return frame(json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str)).encode()

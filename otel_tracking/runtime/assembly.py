@@ -6,8 +6,9 @@
    package, a bad tracker setting, an ``OTEL_*_EXPORTER`` name that is nothing), so that a failed
    ``Tracking()`` leaves nothing open and nothing written;
 2. :func:`open_run`: the trackers in the bridge process (``bridges/process.py``) when it is
-   on, else here; the sinks named by ``OTEL_*_EXPORTER``; the OTLP sinks; the file and console
-   sinks last, as nothing after them can fail.  If anything fails, what was built is finished.
+   on, else here (their logs read on threads of this process, ``delivery/tracker_logs.py``);
+   the sinks named by ``OTEL_*_EXPORTER``; the OTLP sinks; the file and console sinks last, as
+   nothing after them can fail.  If anything fails, what was built is finished.
 
 A Ray worker or subprocess without ``Tracking`` builds its run in ``distributed/worker.py``.
 """
@@ -17,12 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from otel_tracking.bridges.process import start_bridges
+from otel_tracking.config.resource import build_resource
 from otel_tracking.config.run_config import RunConfig
 from otel_tracking.config.settings import Settings
 from otel_tracking.delivery.env_sinks import build_env_sinks, check_env_sinks
 from otel_tracking.delivery.otlp_sinks import build_otlp_sinks
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.registry import WRITTEN_AT_ONCE, build_checked_sink, check_tracker, is_tracker
+from otel_tracking.delivery.tracker_logs import LocalTrackers
 from otel_tracking.runtime.run import Run
 
 
@@ -48,6 +51,9 @@ def open_run(settings: Settings, names: Sequence[str], config: RunConfig) -> Run
         local = [name for name in names if name not in built and name != "rl_insight"]
         for name in sorted(local, key=lambda n: n in WRITTEN_AT_ONCE):
             built[name] = build_checked_sink(name, settings, config)
+        in_process = [built[name] for name in local if is_tracker(name)]
+        if in_process:  # their logs, read here (the bridge process reads them when it is on)
+            LocalTrackers(in_process, settings, build_resource(settings))
         extra, periodic = build_env_sinks(settings, config, taken=names)
         otlp = build_otlp_sinks(settings)
         sinks = [built[name] for name in names if name in built] + extra
