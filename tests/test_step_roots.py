@@ -332,3 +332,30 @@ def test_otlp_gets_the_step_logged_twice_as_one_trace(isolated: Path, monkeypatc
     assert root["attributes"]["ml.step"] == 2 and not root["links"]
     assert step["validate"]["parent_span_id"] == step["train"]["parent_span_id"] == root["span_id"]
     assert len(traces) == 3 and sum(len(t) for t in traces.values()) == len(spans) == 9
+
+
+def test_a_carrier_taken_after_the_step_was_logged_again_names_the_steps_trace(isolated: Path) -> None:
+    """validate still open when the step is logged again: it joins the step's trace as it ends, and
+    a carrier taken in it afterwards names that trace (and validate), so another process's spans
+    hang under validate there."""
+    from otel_tracking.propagation import inject
+
+    tracking = Tracking("proj", "exp", default_backend="file")
+    with trace_state("gen"):
+        pass
+    tracking.log({"loss": 2.0}, step=1)
+    with trace_state("train"):
+        pass
+    tracking.log({"loss": 1.0}, step=2)
+    with trace_state("validate"):
+        tracking.log({"val/acc": 0.9}, step=2)
+        carrier = inject()
+        with trace_state("score"):
+            pass
+    tracking.log({"loss": 0.5}, step=3)
+    tracking.finish()
+    (step,) = (t for t in _by_trace(events(isolated)).values() if "train" in t)
+    assert sorted(step) == ["ml.step", "score", "train", "validate"]
+    assert step["validate"]["parent_span_id"] == step["ml.step"]["span_id"]
+    _, trace_id, span_id, _ = carrier["traceparent"].split("-")
+    assert (trace_id, span_id) == (step["validate"]["trace_id"], step["validate"]["span_id"])

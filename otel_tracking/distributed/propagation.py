@@ -43,10 +43,10 @@ def inject(carrier: dict[str, str] | None = None) -> dict[str, str]:
     """The current trace context and run identity, written into ``carrier`` (a new dict by default)."""
     carrier = {} if carrier is None else carrier
     ctx = current_context()
-    propagate.inject(carrier, ctx)
     run = current_run()
-    if run is not None:  # the trace it names cannot change its id any more (runtime/step_roots.py)
-        run.carrier_taken(ctx)
+    if run is not None:  # the trace it names keeps its id from now on (runtime/step_roots.py)
+        ctx = run.context_to_carry(ctx)
+    propagate.inject(carrier, ctx)
     return carrier
 
 

@@ -12,7 +12,8 @@ it ends.  The tentative root itself is never exported then.
 What is held is bounded: past :data:`MAX_HELD` spans the trace is let go as it is (and the step's
 second root links to its first, as before), and ``step_roots.py`` lets it go at ``flush()``,
 ``finish()``, a stall report, and when a carrier is taken inside it: another process's spans
-cannot be rewritten, so that trace must keep its own id.
+cannot be rewritten, so that trace must keep its own id.  A carrier taken in a re-homed trace
+(inside a phase still open at the decision) names step N's trace instead (:meth:`moved_to`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class HeldSpans(SpanProcessor):
                 while len(self._rehomed) > REHOMED_KEPT:
                     del self._rehomed[next(iter(self._rehomed))]
         return spans if rehome is None else [rehomed(span, rehome) for span in spans]
+
+    def moved_to(self, trace_id: int) -> int | None:
+        """The trace a re-homed trace's spans go to (None: not re-homed)."""
+        rehome = self._rehomed.get(trace_id) if self._rehomed else None
+        return rehome.trace_id if rehome is not None else None
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         self._inner.on_start(span, parent_context)

@@ -28,7 +28,7 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Span, Tracer, get_current_span, set_span_in_context
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Tracer, get_current_span, set_span_in_context
 
 from otel_tracking.compat.otel_sdk import LoggerProvider, SeverityNumber, enabled_despite_sdk_disabled
 from otel_tracking.config.resource import build_resource
@@ -314,11 +314,19 @@ class Run:
         ctx = self.step_roots.context_for(ctx, self.step_in_progress(), said_step)
         return with_identity(self.identity, self.step_in_progress(ctx), ctx)
 
-    def carrier_taken(self, ctx: Context) -> None:
-        """A carrier of ``ctx`` goes to another process: on the driver, a step's trace it names
-        keeps its id from now on (``step_roots.py``)."""
-        if self.driver:
-            self.step_roots.carrier_taken(get_current_span(ctx).get_span_context().trace_id)
+    def context_to_carry(self, ctx: Context) -> Context:
+        """``ctx`` for a carrier to another process: on the driver, a step's trace it names keeps
+        its id from now on, and one already merged into a step's trace names that trace
+        (``step_roots.py``)."""
+        if not self.driver:
+            return ctx
+        span_context = get_current_span(ctx).get_span_context()
+        moved = self.step_roots.carrier_taken(span_context.trace_id)
+        if moved is None:
+            return ctx
+        flags, state = span_context.trace_flags, span_context.trace_state
+        moved_context = SpanContext(moved, span_context.span_id, False, trace_flags=flags, trace_state=state)
+        return set_span_in_context(NonRecordingSpan(moved_context), ctx)
 
     def with_identity(self, step: int | None, ctx: Context) -> Context:
         """``ctx`` with this run's identity and ``step`` as baggage (``signals/carrier.py``): made once

@@ -217,12 +217,16 @@ class StepRoots:
                 self._let_go(root, root.awaits)
         self._after_lock()
 
-    def carrier_taken(self, trace_id: int) -> None:
-        """A carrier was taken in trace ``trace_id``: if it is a tentative root's, that trace keeps
-        its id (another process's spans cannot be moved), so its spans are held no more."""
+    def carrier_taken(self, trace_id: int) -> int | None:
+        """A carrier is taken in trace ``trace_id``: if it is a tentative root's, that trace keeps
+        its id (another process's spans cannot be moved), so its spans are held no more.  If it
+        was merged into a step's trace already (a phase still open then), the id the carrier must
+        name instead."""
         root = self._current
         if root is not None and root.awaits is not None and root.trace_id == trace_id:
             self.stop_holding()
+            return None
+        return self._held.moved_to(trace_id) if self._held is not None else None
 
     def unended_before(self, step: int) -> list[tuple[int, StepTrace]]:
         """``log(step=step)``: the roots of other steps that have not ended yet (a span of theirs is
