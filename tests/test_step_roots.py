@@ -359,3 +359,20 @@ def test_a_carrier_taken_after_the_step_was_logged_again_names_the_steps_trace(i
     assert step["validate"]["parent_span_id"] == step["ml.step"]["span_id"]
     _, trace_id, span_id, _ = carrier["traceparent"].split("-")
     assert (trace_id, span_id) == (step["validate"]["trace_id"], step["validate"]["span_id"])
+
+
+def test_a_stall_report_sends_what_ended_of_a_held_step(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A phase stuck after the step's log(): its finished children reach the sinks with the stall
+    report, not at a log() that may never come."""
+    from tests.otlp_receiver import wait_for
+
+    monkeypatch.setenv("OTEL_TRACKING_STALL_AFTER", "1")
+    tracking = Tracking("proj", "exp", default_backend="file")
+    with trace_state("gen"):
+        pass
+    tracking.log({"loss": 2.0}, step=1)
+    with trace_state("validate"):  # stuck
+        with trace_state("score"):
+            pass
+        wait_for(lambda: "score" in [s["name"] for s in events(isolated)], what="the stuck step's finished phase")
+    tracking.finish()
