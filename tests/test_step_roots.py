@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from otel_tracking import Tracking, trace_state
 
 
-def events(root: Path) -> list[dict[str, Any]]:
+def events(root: Path, kind: str = "span") -> list[dict[str, Any]]:
     path = root / "proj" / "exp.events.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []  # made with the first span
-    return [event for event in map(json.loads, lines) if event["type"] == "span"]
+    return [event for event in map(json.loads, lines) if event["type"] == kind]
 
 
 def test_a_log_inside_validate_keeps_one_trace_per_step_and_the_root_encloses_it(isolated: Path) -> None:
@@ -215,13 +215,15 @@ def _by_trace(spans: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]
 
 def test_a_step_logged_twice_is_one_trace_under_one_root(isolated: Path) -> None:
     """validate, begun after the step's first log() without step=, joins the step's trace once the
-    next log() says the step again: one root, validate under it, its own phase under validate;
-    the next step's phase has a trace of its own."""
+    next log() says the step again: one root, validate under it, its own phase under validate
+    (and the generations it logged); the next step's phase has a trace of its own."""
+    from otel_tracking import ValidationGenerationsLogger
+
     tracking = Tracking("proj", "exp", default_backend="file")
     with trace_state("gen"):
         pass
     tracking.log({"loss": 2.0}, step=1)  # step 2's phases below open after a log(), as every step's do
-    _train_validate_gen(tracking, 2)
+    _train_validate_gen(tracking, 2, lambda: ValidationGenerationsLogger().log("file", [("2+2?", "4", 1.0)], 2))
     tracking.finish()
     traces = list(_by_trace(events(isolated)).values())
     assert [sorted(t) for t in traces] == [
@@ -240,6 +242,8 @@ def test_a_step_logged_twice_is_one_trace_under_one_root(isolated: Path) -> None
     assert {s["attributes"]["ml.step"] for s in step.values()} == {2}
     assert root["end_time_unix_nano"] >= step["validate"]["end_time_unix_nano"]
     assert traces[2]["gen"]["attributes"]["ml.step"] == traces[2]["ml.step"]["attributes"]["ml.step"] == 3
+    (generations,) = [r for r in events(isolated, "log") if r["event_name"] == "ml.validation.generations"]
+    assert (generations["trace_id"], generations["span_id"]) == (root["trace_id"], step["score"]["span_id"])
 
 
 def _second_root_links_to_the_first(traces: list[dict[str, dict[str, Any]]]) -> None:

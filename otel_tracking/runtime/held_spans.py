@@ -3,13 +3,14 @@
 After ``log(step=N)`` a phase without ``step=`` opens a *tentative* root (``step_roots.py``): the
 next ``log()`` says whether it began step N + 1 (the common case) or belongs to step N, logged
 again (train values, ``validate``, the validation values).  :class:`HeldSpans`, a span processor
-in front of the sinks, keeps the ended spans of such a trace instead of handing them on; when the
-next ``log()`` decides, they go out as they are (N + 1), or *re-homed* into step N's trace: its
-trace id, the tentative root's children hung under step N's root, their ``ml.step`` the step
-they served.  A span of that trace that ends later (one still open at the decision) is re-homed as
-it ends.  The tentative root itself is never exported then.
+in front of the sinks, keeps the ended spans of such a trace (and, through :attr:`HeldSpans.logs`,
+the log records emitted in it: validation generations) instead of handing them on; when the next
+``log()`` decides, they go out as they are (N + 1), or *re-homed* into step N's trace: its trace
+id, the tentative root's children hung under step N's root, their ``ml.step`` the step they
+served.  Span ids do not change.  What ends in that trace later (a phase still open at the
+decision) is re-homed as it ends.  The tentative root itself is never exported then.
 
-What is held is bounded: past :data:`MAX_HELD` spans the trace is let go as it is (and the step's
+What is held is bounded: past :data:`MAX_HELD` items the trace is let go as it is (and the step's
 second root links to its first, as before), and ``step_roots.py`` lets it go at ``flush()``,
 ``finish()``, a stall report, and when a carrier is taken inside it: another process's spans
 cannot be rewritten, so that trace must keep its own id.  A carrier taken in a re-homed trace
@@ -26,10 +27,11 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanContext
 
-from otel_tracking.delivery.pipeline import SinkSpanProcessor
+from otel_tracking.compat.otel_sdk import LogRecordProcessor, ReadWriteLogRecord
+from otel_tracking.delivery.pipeline import SinkLogProcessor, SinkSpanProcessor
 from otel_tracking.signals.semconv import STEP
 
-MAX_HELD = 4096  # spans of one tentative trace (a few MB); past this they go out as they are
+MAX_HELD = 4096  # spans and records of one tentative trace; past this they go out as they are
 REHOMED_KEPT = 64  # re-homed traces remembered for the spans still open at the decision
 
 
@@ -44,32 +46,39 @@ class Rehome:
     step: int  # N
 
 
-class HeldSpans(SpanProcessor):
-    """Hands ``inner`` each ended span, but those of a held trace (see the module docstring)."""
+Held = ReadableSpan | ReadWriteLogRecord  # an ended span, or a log record emitted in the trace
 
-    def __init__(self, inner: SinkSpanProcessor) -> None:
+
+class HeldSpans(SpanProcessor):
+    """Hands ``inner`` each ended span, but those of a held trace (see the module docstring);
+    :attr:`logs` does the same for the log records emitted in it (validation generations)."""
+
+    def __init__(self, inner: SinkSpanProcessor, inner_logs: SinkLogProcessor) -> None:
         self._inner = inner
+        self._inner_logs = inner_logs
+        self.logs = _HeldLogs(self)
+        """The log record processor in front of ``inner_logs``."""
         self._lock = threading.Lock()
-        self._held: dict[int, list[ReadableSpan]] = {}  # tentative trace id -> its ended spans
+        self._held: dict[int, list[Held]] = {}  # tentative trace id -> its ended spans and records
         self._rehomed: dict[int, Rehome] = {}
 
     def hold(self, trace_id: int) -> None:
         with self._lock:
             self._held.setdefault(trace_id, [])
 
-    def decide(self, trace_id: int, rehome: Rehome | None = None) -> list[ReadableSpan] | None:
-        """Decide a held trace: its spans to :meth:`send` (now re-homed, if ``rehome`` is given;
-        so are the ones that end later).  None if it was no longer held (let go past
+    def decide(self, trace_id: int, rehome: Rehome | None = None) -> list[Held] | None:
+        """Decide a held trace: what it held, to :meth:`send` (re-homed now if ``rehome`` is
+        given; so is what ends in it later).  None if it was no longer held (let go past
         :data:`MAX_HELD`): then nothing is re-homed."""
         with self._lock:
-            spans = self._held.pop(trace_id, None)
-            if spans is None:
+            held = self._held.pop(trace_id, None)
+            if held is None:
                 return None
             if rehome is not None:
                 self._rehomed[trace_id] = rehome
                 while len(self._rehomed) > REHOMED_KEPT:
                     del self._rehomed[next(iter(self._rehomed))]
-        return spans if rehome is None else [rehomed(span, rehome) for span in spans]
+        return held if rehome is None else [_rehomed(item, rehome) for item in held]
 
     def moved_to(self, trace_id: int) -> int | None:
         """The trace a re-homed trace's spans go to (None: not re-homed)."""
@@ -80,31 +89,62 @@ class HeldSpans(SpanProcessor):
         self._inner.on_start(span, parent_context)
 
     def on_end(self, span: ReadableSpan) -> None:
+        self._pass(span, span.context.trace_id if span.context is not None else 0)
+
+    def _pass(self, item: Held, trace_id: int) -> None:
+        """Hold ``item`` if its trace is held, else hand it on (re-homed if its trace was)."""
         if self._held or self._rehomed:  # (no lock taken before the first tentative root)
-            trace_id = span.context.trace_id if span.context is not None else 0
-            too_many: list[ReadableSpan] = []
+            too_many: list[Held] = []
             with self._lock:
                 held = self._held.get(trace_id)
                 if held is not None:
                     if len(held) < MAX_HELD:
-                        held.append(span)
+                        held.append(item)
                         return
                     too_many = self._held.pop(trace_id)  # the trace goes out as it is
                 rehome = self._rehomed.get(trace_id)
             self.send(too_many)
             if rehome is not None:
-                span = rehomed(span, rehome)
-        self._inner.on_end(span)
+                item = _rehomed(item, rehome)
+        self.send([item])
 
-    def send(self, spans: Sequence[ReadableSpan]) -> None:
+    def send(self, items: Sequence[Held]) -> None:
+        spans = [item for item in items if isinstance(item, ReadableSpan)]
         if spans:
             self._inner.on_end_all(spans)  # one hand-over for the lot
+        for item in items:
+            if not isinstance(item, ReadableSpan):
+                self._inner_logs.on_emit(item)
 
     def shutdown(self) -> None:
         self._inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._inner.force_flush(timeout_millis)
+
+
+class _HeldLogs(LogRecordProcessor):
+    def __init__(self, held: HeldSpans) -> None:
+        self._held = held
+
+    def on_emit(self, log_record: ReadWriteLogRecord) -> None:
+        self._held._pass(log_record, log_record.log_record.trace_id or 0)
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _rehomed(item: Held, rehome: Rehome) -> Held:
+    if isinstance(item, ReadableSpan):
+        return rehomed(item, rehome)
+    record = item.log_record  # emitted once, handed to this one processor: changed in place
+    record.trace_id = rehome.trace_id
+    if record.span_id == rehome.tentative_root_span_id:
+        record.span_id = rehome.root_span_id
+    return item
 
 
 def rehomed(span: ReadableSpan, rehome: Rehome) -> ReadableSpan:

@@ -215,12 +215,13 @@ class Run:
         self._periodic = [periodic_export(sink, self._snapshot, interval_s) for sink in metric_sinks]
 
         self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False, id_generator=ID_GENERATOR)
-        to_sinks = SinkSpanProcessor(self.all_sinks)
-        # the driver holds the spans of a step that may be the previous one logged again (held_spans.py)
-        held = HeldSpans(to_sinks) if driver else None
+        to_sinks, logs_to_sinks = SinkSpanProcessor(self.all_sinks), SinkLogProcessor(self.all_sinks)
+        # the driver holds the spans (and records) of a step that may be the previous one logged
+        # again (held_spans.py)
+        held = HeldSpans(to_sinks, logs_to_sinks) if driver else None
         self.tracer_provider.add_span_processor(ScrubbingSpanProcessor(held or to_sinks))
         self.logger_provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
-        self.logger_provider.add_log_record_processor(ScrubbingLogProcessor(SinkLogProcessor(self.all_sinks)))
+        self.logger_provider.add_log_record_processor(ScrubbingLogProcessor(held.logs if held else logs_to_sinks))
         # OTEL_SDK_DISABLED turns off OTLP and the OTEL_*_EXPORTER sinks (settings.py decides); the
         # backends named in default_backend still get spans and events, so these providers must
         # not hand out no-op tracers and loggers as the SDK's would under that variable.
