@@ -92,7 +92,7 @@ class StepRoots:
         without it a step logged again keeps its second root (linked to the first)."""
         self._tracer = tracer
         self._held = held
-        self._to_send: list[Any] = []  # spans let go under the lock, handed on outside it
+        self._to_send: list[Any] = []  # what held_spans.py let go under the lock, handed on outside it
         self._lock = threading.Lock()
         self._current: StepRoot | None = None
         self._by_trace: dict[int, StepRoot] = {}  # every root not ended yet, by its trace id
