@@ -319,9 +319,9 @@ def test_a_step_logged_again_after_a_phase_has_one_anatomy_over_all_of_it(
     isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Train values, an unlabelled ``validate``, the validation values at the same step: one
-    anatomy for the step, over both of its roots (the second says the step too), not a second
-    one for ``validate`` alone that replaces the first; TensorBoard (its own reader) and the
-    timeline have validate at that step too."""
+    trace for the step, ``validate`` under its one root, and one anatomy over all of it, not a
+    second one for ``validate`` alone that replaces the first; TensorBoard (its own reader) and
+    the timeline have validate at that step too."""
     from otel_tracking import Tracking, trace_state
     from tests.test_backend_tensorboard import read_events
 
@@ -344,9 +344,14 @@ def test_a_step_logged_again_after_a_phase_has_one_anatomy_over_all_of_it(
     assert [e["attributes"]["ml.step"] for e in measured] == [1, 2], measured
     spans = [e for e in events if e["type"] == "span"]
     roots = [s for s in spans if s["name"] == "ml.step"]
-    assert [r["attributes"]["ml.step"] for r in roots] == [1, 1, 2, 2]
-    assert [r["attributes"].get("ml.step.continues") for r in roots] == [None, True, None, True]
-    # the timeline draws validate in the step it validated (its own ml.step says the next one)
+    assert [r["attributes"]["ml.step"] for r in roots] == [1, 2]
+    for root in roots:
+        under = {s["name"]: s for s in spans if s["trace_id"] == root["trace_id"] and s is not root}
+        assert sorted(under) == ["rollout", "validate"]
+        assert {s["parent_span_id"] for s in under.values()} == {root["span_id"]}
+        assert under["validate"]["attributes"]["ml.step"] == root["attributes"]["ml.step"]
+        assert root["end_time_unix_nano"] >= under["validate"]["end_time_unix_nano"]
+    # the timeline draws validate in the step it validated
     drawn = [(s.name, s.step) for s in read_spans([isolated / "proj" / "exp.events.jsonl"]) if s.name != "ml.step"]
     assert sorted(drawn) == [("rollout", 1), ("rollout", 2), ("validate", 1), ("validate", 2)]
     for record in measured:
@@ -355,7 +360,7 @@ def test_a_step_logged_again_after_a_phase_has_one_anatomy_over_all_of_it(
         traces = {r["trace_id"] for r in its_roots}
         names = sorted(s["name"] for s in spans if s["trace_id"] in traces and s["name"] != "ml.step")
         assert names == ["rollout", "validate"]
-        # covers both roots: from the first's start (the first step: its first phase) to the second's end
+        # covers all of it: from the root's start (the first step: its first phase) to its end, after validate
         first_start = min(
             s["start_time_unix_nano"] for s in spans if s["trace_id"] in traces and (step > 1 or s["name"] != "ml.step")
         )

@@ -452,6 +452,10 @@ class SinkSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         export_to(self._sinks, "spans", (span,))
 
+    def on_end_all(self, spans: Sequence[ReadableSpan]) -> None:
+        """Spans that ended earlier and were held (``runtime/held_spans.py``), handed on as one item."""
+        export_to(self._sinks, "spans", tuple(spans))
+
     def shutdown(self) -> None:
         return None
 

@@ -42,7 +42,11 @@ def current_context() -> Context:
 def inject(carrier: dict[str, str] | None = None) -> dict[str, str]:
     """The current trace context and run identity, written into ``carrier`` (a new dict by default)."""
     carrier = {} if carrier is None else carrier
-    propagate.inject(carrier, current_context())
+    ctx = current_context()
+    run = current_run()
+    if run is not None:  # the trace it names keeps its id from now on (runtime/step_roots.py)
+        ctx = run.context_to_carry(ctx)
+    propagate.inject(carrier, ctx)
     return carrier
 
 

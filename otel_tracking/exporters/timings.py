@@ -80,8 +80,8 @@ class StepTimings:
     the fallback step: the last step written).
 
     A root that says ``ml.step.continues`` (the step was logged again after a phase began a root
-    of its own: ``runtime/step_roots.py``) takes its trace's phases, which said the next step, to
-    its own step.
+    of its own that could not join the step's trace: ``runtime/step_roots.py``) takes its trace's
+    phases, which said the next step, to its own step.
 
     A span folded in again (the delivery layer retries a batch the backend failed) changes
     nothing: the ids of the spans handed back are remembered for the last :attr:`REMEMBERED_STEPS`

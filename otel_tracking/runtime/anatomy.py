@@ -162,8 +162,9 @@ def add_call_source(source: CallSource) -> None:
 
 @dataclass(frozen=True)
 class StepTrace:
-    """One root of a step (``step_roots.py``): a step logged again after a phase that began after
-    its first ``log()`` has two, and one anatomy covering both."""
+    """One trace of a step (``step_roots.py``): a step logged again after a phase that began after
+    its first ``log()`` has two (the second merged into the first, or a root of its own), its
+    phases told by each trace's id, and one anatomy covering both."""
 
     trace_id: int
     start_ns: int

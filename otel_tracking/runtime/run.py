@@ -28,7 +28,7 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Span, Tracer, set_span_in_context
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Tracer, get_current_span, set_span_in_context
 
 from otel_tracking.compat.otel_sdk import LoggerProvider, SeverityNumber, enabled_despite_sdk_disabled
 from otel_tracking.config.resource import build_resource
@@ -49,6 +49,7 @@ from otel_tracking.runtime import lifecycle, stalls
 from otel_tracking.runtime.anatomy import Anatomy, StepAnatomy, StepTrace
 from otel_tracking.runtime.anatomy import gauges as anatomy_gauges
 from otel_tracking.runtime.anatomy import measured as anatomy_measured
+from otel_tracking.runtime.held_spans import HeldSpans
 from otel_tracking.runtime.stall_report import Stall, stall_line, starting_line
 from otel_tracking.runtime.stalls import StallWatch
 from otel_tracking.runtime.step_roots import StepRoots
@@ -214,9 +215,13 @@ class Run:
         self._periodic = [periodic_export(sink, self._snapshot, interval_s) for sink in metric_sinks]
 
         self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False, id_generator=ID_GENERATOR)
-        self.tracer_provider.add_span_processor(ScrubbingSpanProcessor(SinkSpanProcessor(self.all_sinks)))
+        to_sinks, logs_to_sinks = SinkSpanProcessor(self.all_sinks), SinkLogProcessor(self.all_sinks)
+        # the driver holds the spans (and records) of a step that may be the previous one logged
+        # again (held_spans.py)
+        held = HeldSpans(to_sinks, logs_to_sinks) if driver else None
+        self.tracer_provider.add_span_processor(ScrubbingSpanProcessor(held or to_sinks))
         self.logger_provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
-        self.logger_provider.add_log_record_processor(ScrubbingLogProcessor(SinkLogProcessor(self.all_sinks)))
+        self.logger_provider.add_log_record_processor(ScrubbingLogProcessor(held.logs if held else logs_to_sinks))
         # OTEL_SDK_DISABLED turns off OTLP and the OTEL_*_EXPORTER sinks (settings.py decides); the
         # backends named in default_backend still get spans and events, so these providers must
         # not hand out no-op tracers and loggers as the SDK's would under that variable.
@@ -234,7 +239,7 @@ class Run:
         self._ended_roots: dict[int, list[StepTrace]] = {}
         self._ended_lock = threading.Lock()
         on_ended = self._root_ended if self.anatomy is not None else None
-        self.step_roots = StepRoots(self.tracer, started_ns=self.started_ns, on_ended=on_ended)
+        self.step_roots = StepRoots(self.tracer, started_ns=self.started_ns, on_ended=on_ended, held=held)
         self.event_logger = self.logger_provider.get_logger(semconv.SCOPE_NAME, semconv.SCOPE_VERSION)
 
         if driver:
@@ -309,6 +314,20 @@ class Run:
             return ctx
         ctx = self.step_roots.context_for(ctx, self.step_in_progress(), said_step)
         return with_identity(self.identity, self.step_in_progress(ctx), ctx)
+
+    def context_to_carry(self, ctx: Context) -> Context:
+        """``ctx`` for a carrier to another process: on the driver, a step's trace it names keeps
+        its id from now on, and one already merged into a step's trace names that trace
+        (``step_roots.py``)."""
+        if not self.driver:
+            return ctx
+        span_context = get_current_span(ctx).get_span_context()
+        moved = self.step_roots.carrier_taken(span_context.trace_id)
+        if moved is None:
+            return ctx
+        flags, state = span_context.trace_flags, span_context.trace_state
+        moved_context = SpanContext(moved, span_context.span_id, False, trace_flags=flags, trace_state=state)
+        return set_span_in_context(NonRecordingSpan(moved_context), ctx)
 
     def with_identity(self, step: int | None, ctx: Context) -> Context:
         """``ctx`` with this run's identity and ``step`` as baggage (``signals/carrier.py``): made once
@@ -447,6 +466,8 @@ class Run:
     def _report_stall(self, stall: Stall) -> None:
         if self.finished or self.pid != os.getpid():
             return
+        if self.driver:  # what ended of a stuck step reaches the trace UI now, not at its log()
+            self.step_roots.stop_holding()
         self.event_logger.emit(
             event_name=semconv.STALL_EVENT,
             body=stall.stacks,
