@@ -32,8 +32,9 @@ first step starts at its first phase instead, so the run's set-up counts for no 
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import re
-import statistics
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -172,7 +173,11 @@ class StepTrace:
 
 
 class StepAnatomy:
-    """The phases and calls of each step in progress, by the trace id of its root; then its numbers."""
+    """The phases and calls of each step in progress, by the trace id of its root; then its numbers.
+
+    Each call is summed into its step's :class:`_Calls` as it ends, on the thread that sees it end
+    (the returns watcher, a lane's thread), so that measuring a step on the training loop's path
+    costs per phase and role, not per rank."""
 
     FORGOTTEN = 1024  # how many measured traces are remembered, so that their late phases are dropped
 
@@ -180,7 +185,7 @@ class StepAnatomy:
         self.buckets = {**DEFAULT_BUCKETS, **(buckets or {})}
         self._lock = threading.Lock()
         self._phases: dict[int, list[Phase]] = {}
-        self._calls: dict[int, list[Call]] = {}
+        self._calls: dict[int, _Calls] = {}
         # Traces measured already (a phase still open when its step was measured ends later): what
         # they are told afterwards is dropped, not kept for ever.
         self._measured: dict[int, None] = {}
@@ -193,24 +198,28 @@ class StepAnatomy:
     def call_ended(self, trace_id: int, call: Call) -> None:
         with self._lock:
             if trace_id not in self._measured:
-                self._calls.setdefault(trace_id, []).append(call)
+                calls = self._calls.get(trace_id)
+                if calls is None:
+                    calls = self._calls[trace_id] = _Calls()
+                calls.add(call)
 
     def step_ended(self, step: int | None, traces: Iterable[StepTrace]) -> Anatomy | None:
         """The numbers of the step whose roots are ``traces``; None for a step with no phase, or
         never logged (``step`` None)."""
         traces = list(traces)
+        # The calls still out first (verl/returns.py): those that ended were told already
+        late = [call for trace in traces for source in _sources for call in source(trace.trace_id)]
         phases: list[Phase] = []
-        calls: list[Call] = []
+        calls = _Calls()
         with self._lock:
             for trace in traces:
                 phases += self._phases.pop(trace.trace_id, [])
-                calls += self._calls.pop(trace.trace_id, [])
+                calls = calls.merged(self._calls.pop(trace.trace_id, None))
                 self._measured[trace.trace_id] = None
             while len(self._measured) > self.FORGOTTEN:
                 del self._measured[next(iter(self._measured))]
-        for trace in traces:
-            for source in _sources:
-                calls.extend(source(trace.trace_id))
+        for call in late:
+            calls.add(call)
         if step is None or not phases or not traces:
             return None
         start_ns, end_ns = min(t.start_ns for t in traces), max(t.end_ns for t in traces)
@@ -218,11 +227,21 @@ class StepAnatomy:
             start_ns = max(start_ns, min(p.start_ns for p in phases))
         if end_ns <= start_ns:
             return None
-        return measure(step, start_ns, end_ns, phases, calls, self.buckets)
+        return _measured(step, start_ns, end_ns, phases, calls, self.buckets)
 
 
 def measure(
     step: int, start_ns: int, end_ns: int, phases: list[Phase], calls: list[Call], buckets: Mapping[str, str]
+) -> Anatomy:
+    """The numbers of a step from ``start_ns`` to ``end_ns`` with these phases and calls."""
+    summed = _Calls()
+    for call in calls:
+        summed.add(call)
+    return _measured(step, start_ns, end_ns, phases, summed, buckets)
+
+
+def _measured(
+    step: int, start_ns: int, end_ns: int, phases: list[Phase], calls: _Calls, buckets: Mapping[str, str]
 ) -> Anatomy:
     wall_ns = end_ns - start_ns
     shares = {bucket: 0.0 for bucket in (PRODUCTIVE, OVERHEAD, WASTED, IDLE)}
@@ -246,36 +265,151 @@ def measure(
         open_count[bucket] += delta
     shares[IDLE] += end_ns - at
     anatomy = Anatomy(step, wall_ns / 1e9, {b: ns / wall_ns for b, ns in shares.items()})
-
-    busy_ns: dict[tuple[str | None, int | str], list[tuple[int, int]]] = {}
-    size: dict[str, int] = {}
-    by_phase: dict[str, dict[tuple[str | None, int | str], list[tuple[int, int]]]] = {}
-    for call in calls:
-        lo, hi = max(call.start_ns, start_ns), min(call.end_ns, end_ns)
-        if hi <= lo:
-            continue
-        key = (call.role, call.rank)
-        busy_ns.setdefault(key, []).append((lo, hi))
-        by_phase.setdefault(call.phase, {}).setdefault(key, []).append((lo, hi))
-        if call.role is not None:
-            size[call.role] = max(size.get(call.role, 0), call.ranks)
-    for role in size:
-        ranks = {key: _covered(spans) for key, spans in busy_ns.items() if key[0] == role}
-        count = max(size[role], len(ranks))
-        anatomy.busy[role] = sum(ranks.values()) / count / wall_ns
-    for phase_name, per_rank in by_phase.items():
-        if len(per_rank) < 2:
-            continue
-        took = {key: _covered(spans) for key, spans in per_rank.items()}
-        (_, rank), longest = max(took.items(), key=lambda item: (item[1], str(item[0][1])))
-        anatomy.stragglers[phase_name] = (rank, (longest - statistics.median(took.values())) / 1e9)
+    calls.measure_into(anatomy, start_ns, end_ns)
     return anatomy
 
 
-def _covered(spans: list[tuple[int, int]]) -> int:
+_Key = tuple[str | None, int | str]  # (role, rank): a rank of a worker role, or a lane (role None)
+_Span = tuple[int, int, int]  # (start ns, end ns, the call's number in its step): one call's interval
+
+
+class _Calls:
+    """One step's calls, summed as they end: each rank's busy time (the union of its calls'
+    intervals) per role and per phase, and per phase the ranks in busy order (for the straggler
+    and the median).  Adding a call costs per call of that rank, not per rank.
+
+    A call is counted as far as it lies inside the step's interval, known only when the step is
+    measured: the calls that stick out of it are found then (two heaps, by end and by start) and
+    only their ranks are counted again."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.spans: dict[_Key, list[_Span]] = {}  # each rank's calls, all phases
+        self.busy: dict[_Key, int] = {}  # the union's length, not clipped to the step
+        self.role_busy: dict[str, int] = {}  # summed over the role's ranks
+        self.role_ranks: dict[str, dict[int, int]] = {}  # the role's size, as each call says it -> calls
+        self.phases: dict[str, _PhaseCalls] = {}
+        self.calls: list[tuple[Call, _Key]] = []  # by number
+        self.latest: list[tuple[int, int]] = []  # heap of (-end, number)
+        self.earliest: list[tuple[int, int]] = []  # heap of (start, number)
+
+    def add(self, call: Call) -> None:
+        if call.end_ns <= call.start_ns:
+            return  # no time in any step
+        number, key = self.count, (call.role, call.rank)
+        self.count += 1
+        self.calls.append((call, key))
+        heapq.heappush(self.latest, (-call.end_ns, number))
+        heapq.heappush(self.earliest, (call.start_ns, number))
+        spans = self.spans.setdefault(key, [])
+        spans.append((call.start_ns, call.end_ns, number))
+        busy = _covered(spans)
+        if call.role is not None:
+            self.role_busy[call.role] = self.role_busy.get(call.role, 0) + busy - self.busy.get(key, 0)
+            sizes = self.role_ranks.setdefault(call.role, {})
+            sizes[call.ranks] = sizes.get(call.ranks, 0) + 1
+        self.busy[key] = busy
+        phase = self.phases.get(call.phase)
+        if phase is None:
+            phase = self.phases[call.phase] = _PhaseCalls()
+        phase.add(key, (call.start_ns, call.end_ns, number))
+
+    def merged(self, other: _Calls | None) -> _Calls:
+        """These calls and ``other``'s (a step with two roots), in that order."""
+        if other is None:
+            return self
+        if not self.count:
+            return other
+        for call, _ in other.calls:
+            self.add(call)
+        return self
+
+    def measure_into(self, anatomy: Anatomy, start_ns: int, end_ns: int) -> None:
+        """Busy shares and stragglers of the calls, each clipped to ``start_ns``..``end_ns``."""
+        wall_ns = end_ns - start_ns
+        out = set()  # the calls that stick out of the step
+        while self.latest and -self.latest[0][0] > end_ns:
+            out.add(heapq.heappop(self.latest)[1])
+        while self.earliest and self.earliest[0][0] < start_ns:
+            out.add(heapq.heappop(self.earliest)[1])
+        role_busy = dict(self.role_busy)
+        role_keys: dict[str, int] = {}
+        for role, _ in self.busy:
+            if role is not None:
+                role_keys[role] = role_keys.get(role, 0) + 1
+        sizes = {role: dict(counts) for role, counts in self.role_ranks.items()}
+        again: dict[str, set[_Key]] = {}  # per phase, the ranks to count again
+        for number in out:
+            call, key = self.calls[number]
+            again.setdefault(call.phase, set()).add(key)
+            if call.role is not None and min(call.end_ns, end_ns) <= max(call.start_ns, start_ns):
+                sizes[call.role][call.ranks] -= 1  # wholly outside: its size says nothing
+        for key in {key for keys in again.values() for key in keys}:
+            role = key[0]
+            if role is None:
+                continue
+            inside = _clipped(self.spans[key], start_ns, end_ns)
+            role_busy[role] += _covered(inside) - self.busy[key]
+            if not inside:
+                role_keys[role] -= 1
+        for role, counts in sizes.items():
+            said = [size for size, calls in counts.items() if calls > 0]
+            if said:
+                anatomy.busy[role] = role_busy[role] / max(max(said), role_keys[role]) / wall_ns
+        for name, phase in self.phases.items():
+            found = phase.straggler(again.get(name, set()), start_ns, end_ns)
+            if found is not None:
+                number, lag_ns = found
+                anatomy.stragglers[name] = (self.calls[number][1][1], lag_ns / 1e9)
+
+
+class _PhaseCalls:
+    """The calls one phase handed out, per rank, and its ranks ordered by busy time: entries
+    ``(busy ns, str(rank), -number of its first call)``, so that the last is the rank busy longest
+    (ties: the higher rank as text, then the rank called first)."""
+
+    def __init__(self) -> None:
+        self.spans: dict[_Key, list[_Span]] = {}
+        self.entry: dict[_Key, tuple[int, str, int]] = {}
+        self.order: list[tuple[int, str, int]] = []
+
+    def add(self, key: _Key, span: _Span) -> None:
+        spans = self.spans.setdefault(key, [])
+        spans.append(span)
+        old = self.entry.get(key)
+        if old is not None:
+            del self.order[bisect.bisect_left(self.order, old)]
+        first = old[2] if old is not None else -span[2]
+        self.entry[key] = entry = (_covered(spans), str(key[1]), first)
+        bisect.insort(self.order, entry)
+
+    def straggler(self, again: set[_Key], start_ns: int, end_ns: int) -> tuple[int, float] | None:
+        """(the number of a call of the rank busy longest, how much longer than the median in ns),
+        with the ranks in ``again`` counted inside ``start_ns``..``end_ns`` only; None for fewer
+        than two ranks.  Changes the order: once per step."""
+        order = self.order
+        for key in again:
+            del order[bisect.bisect_left(order, self.entry[key])]
+            inside = _clipped(self.spans[key], start_ns, end_ns)
+            if inside:
+                bisect.insort(order, (_covered(inside), str(key[1]), -min(n for _, _, n in inside)))
+        if len(order) < 2:
+            return None
+        half = len(order) // 2
+        median = order[half][0] if len(order) % 2 else (order[half - 1][0] + order[half][0]) / 2
+        return -order[-1][2], order[-1][0] - median
+
+
+def _clipped(spans: list[_Span], start_ns: int, end_ns: int) -> list[_Span]:
+    """The parts of ``spans`` inside ``start_ns``..``end_ns``."""
+    inside = [(max(lo, start_ns), min(hi, end_ns), n) for lo, hi, n in spans]
+    return [span for span in inside if span[1] > span[0]]
+
+
+def _covered(spans: Iterable[tuple[int, int, int]]) -> int:
     """How long the union of the intervals lasts (a rank's overlapping calls count once)."""
     total, reach = 0, None
-    for lo, hi in sorted(spans):
+    for lo, hi, _ in sorted(spans):
         if reach is None or lo > reach:
             total += hi - lo
             reach = hi
