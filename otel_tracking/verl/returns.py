@@ -13,12 +13,13 @@ phase that sent them ended (the driver had their results by then).
 ``ray.wait`` costs per ref handed in, and takes every outstanding ref each time.  So that its cost
 per result does not grow with the number of ranks, each wait returns once a sixteenth of the
 outstanding calls are ready (then every other one ready by then is taken too), or after 50 µs per
-outstanding call (at least 10 ms): a burst of N results costs about 32 refs each, results that
-trickle in cost at most 0.2 µs x N per N x 50 µs (under 1% of a core, whatever N), and a result is
-stamped at most that long after it was ready (13 ms at 256 calls out, 51 ms at 1,024), sooner when
-results come together.  Ray's completion callbacks (``ObjectRef.future()``) would stamp each at
-once, but they fetch and deserialize every result in this process, a second time beside verl's
-own ``ray.get``.
+outstanding call, at least 50 ms (a call sent meanwhile joins the next wait): a burst of N results
+costs about 32 refs each, results that trickle in at most 2 refs per 50 µs of waiting (about 1% of
+a core at most, whatever N), and a result is stamped as soon as a sixteenth of those out are
+ready, at most 50 ms after it was (51 ms with 1,024 out); the last sixteen, the stragglers, each
+as it comes.  Ray's completion callbacks (``ObjectRef.future()``) would stamp each at once, but
+they fetch and deserialize every result in this process, a second time beside verl's own
+``ray.get``.
 
 The role of a call is the method's (``update_actor``: actor, ``compute_ref_log_prob``: ref,
 ``generate_sequences``: rollout, ``compute_values``: critic, ``compute_rm_score``: reward), else
@@ -41,7 +42,7 @@ from otel_tracking.verl.roles import role_from_name
 # outstanding call (at least _MIN_WAIT_S; a call sent meanwhile joins the next wait)
 _BATCH = 16
 _WAIT_PER_CALL_S = 50e-6
-_MIN_WAIT_S = 0.01
+_MIN_WAIT_S = 0.05
 # The first keyword found in a method's name says its role (ref before log_prob: compute_ref_log_prob).
 _METHOD_ROLES = (
     ("critic", "critic"),
@@ -155,7 +156,7 @@ def _watch() -> None:
 
 
 def _ready_among(ray: Any, refs: list[Any]) -> list[Any]:
-    """The refs ready now, waiting until a sixteenth of them are, or 50 µs per ref at most."""
+    """The refs ready now, waiting until a sixteenth of them are, or 50 µs per ref (at least 50 ms)."""
     enough = -(-len(refs) // _BATCH)
     timeout_s = max(_MIN_WAIT_S, _WAIT_PER_CALL_S * len(refs))
     ready, rest = ray.wait(refs, num_returns=enough, timeout=timeout_s, fetch_local=False)
