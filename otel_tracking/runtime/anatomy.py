@@ -3,9 +3,10 @@
 The driver's step is one trace (``step_roots.py``).  While it runs, :class:`StepAnatomy` keeps
 what it needs of that trace: each driver phase's name and interval (``trace_state``, verl's
 ``marked_timer``), and each *call* a phase handed to a rank: a verl worker-group call per rank
-(``verl/waiting.py`` stamps when each rank's result was ready, on the driver's clock, so no two
-hosts' clocks are compared) or a lane span inside a phase (``trace_state(..., state_lane_id=n)``).
-When the step's root ends, :meth:`StepAnatomy.step_ended` turns them into:
+(``verl/returns.py`` stamps when each rank's result was ready, on the driver's clock, so no two
+hosts' clocks are compared) or a lane span inside a phase (``trace_state(..., state_lane_id=n)``),
+summed as each ends (:class:`_Calls`).  When the step is over, :meth:`StepAnatomy.step_ended`
+turns them into:
 
 * ``anatomy/goodput``: the productive share of the step's wall time, and ``anatomy/overhead_frac``,
   ``anatomy/wasted_frac``, ``anatomy/idle_frac`` (the four add up to 1).  Each instant of the step
