@@ -144,15 +144,16 @@ def _watch() -> None:
                     _by_trace[call.trace_id].discard(ref)
                     _telling[call.trace_id] = _telling.get(call.trace_id, 0) + 1
                     seen.append(call)
-        for call in seen:  # outside the lock: dispatch (sent) does not wait for this
-            try:
+        try:  # outside the lock: dispatch (sent) does not wait for this
+            for call in seen:
                 call.anatomy.call_ended(call.trace_id, _ended(call, now))
-            finally:
-                with _cond:
+        finally:
+            with _cond:
+                for call in seen:
                     _telling[call.trace_id] -= 1
                     if not _telling[call.trace_id]:
                         del _telling[call.trace_id]
-                        _cond.notify_all()
+                _cond.notify_all()
 
 
 def _ready_among(ray: Any, refs: list[Any]) -> list[Any]:
