@@ -190,6 +190,9 @@ class StepAnatomy:
         # Traces measured already (a phase still open when its step was measured ends later): what
         # they are told afterwards is dropped, not kept for ever.
         self._measured: dict[int, None] = {}
+        # The calls of steps measured, freed by the next thread that tells of a call: freeing a
+        # step's calls costs per call (milliseconds at 1,024 ranks), not the training loop's to pay.
+        self._spent: list[_Calls] = []
 
     def phase_ended(self, trace_id: int, phase: Phase) -> None:
         with self._lock:
@@ -198,11 +201,13 @@ class StepAnatomy:
 
     def call_ended(self, trace_id: int, call: Call) -> None:
         with self._lock:
+            spent, self._spent = self._spent, []
             if trace_id not in self._measured:
                 calls = self._calls.get(trace_id)
                 if calls is None:
                     calls = self._calls[trace_id] = _Calls()
                 calls.add(call)
+        del spent  # here, outside the lock
 
     def step_ended(self, step: int | None, traces: Iterable[StepTrace]) -> Anatomy | None:
         """The numbers of the step whose roots are ``traces``; None for a step with no phase, or
@@ -221,14 +226,18 @@ class StepAnatomy:
                 del self._measured[next(iter(self._measured))]
         for call in late:
             calls.add(call)
-        if step is None or not phases or not traces:
-            return None
-        start_ns, end_ns = min(t.start_ns for t in traces), max(t.end_ns for t in traces)
-        if any(t.first for t in traces):  # the run's set-up before the first phase belongs to no step
-            start_ns = max(start_ns, min(p.start_ns for p in phases))
-        if end_ns <= start_ns:
-            return None
-        return _measured(step, start_ns, end_ns, phases, calls, self.buckets)
+        try:
+            if step is None or not phases or not traces:
+                return None
+            start_ns, end_ns = min(t.start_ns for t in traces), max(t.end_ns for t in traces)
+            if any(t.first for t in traces):  # the run's set-up before the first phase belongs to no step
+                start_ns = max(start_ns, min(p.start_ns for p in phases))
+            if end_ns <= start_ns:
+                return None
+            return _measured(step, start_ns, end_ns, phases, calls, self.buckets)
+        finally:
+            with self._lock:
+                self._spent.append(calls)
 
 
 def measure(
@@ -288,6 +297,7 @@ class _Calls:
         self.spans: dict[_Key, list[_Span]] = {}  # each rank's calls, all phases
         self.busy: dict[_Key, int] = {}  # the union's length, not clipped to the step
         self.role_busy: dict[str, int] = {}  # summed over the role's ranks
+        self.role_keys: dict[str, int] = {}  # how many ranks of the role were called
         self.role_ranks: dict[str, dict[int, int]] = {}  # the role's size, as each call says it -> calls
         self.phases: dict[str, _PhaseCalls] = {}
         self.calls: list[tuple[Call, _Key]] = []  # by number
@@ -303,6 +313,8 @@ class _Calls:
         heapq.heappush(self.latest, (-call.end_ns, number))
         heapq.heappush(self.earliest, (call.start_ns, number))
         spans = self.spans.setdefault(key, [])
+        if not spans and call.role is not None:
+            self.role_keys[call.role] = self.role_keys.get(call.role, 0) + 1
         spans.append((call.start_ns, call.end_ns, number))
         busy = _covered(spans)
         if call.role is not None:
@@ -333,32 +345,31 @@ class _Calls:
             out.add(heapq.heappop(self.latest)[1])
         while self.earliest and self.earliest[0][0] < start_ns:
             out.add(heapq.heappop(self.earliest)[1])
-        role_busy = dict(self.role_busy)
-        role_keys: dict[str, int] = {}
-        for role, _ in self.busy:
-            if role is not None:
-                role_keys[role] = role_keys.get(role, 0) + 1
+        role_busy, role_keys = dict(self.role_busy), dict(self.role_keys)
         sizes = {role: dict(counts) for role, counts in self.role_ranks.items()}
-        again: dict[str, set[_Key]] = {}  # per phase, the ranks to count again
+        # Per phase and rank, its calls that stick out: only the time they spend outside is taken off
+        sticking: dict[str, dict[_Key, list[_Span]]] = {}
+        by_rank: dict[_Key, list[_Span]] = {}
         for number in out:
             call, key = self.calls[number]
-            again.setdefault(call.phase, set()).add(key)
+            span = (call.start_ns, call.end_ns, number)
+            sticking.setdefault(call.phase, {}).setdefault(key, []).append(span)
+            by_rank.setdefault(key, []).append(span)
             if call.role is not None and min(call.end_ns, end_ns) <= max(call.start_ns, start_ns):
                 sizes[call.role][call.ranks] -= 1  # wholly outside: its size says nothing
-        for key in {key for keys in again.values() for key in keys}:
+        for key, spans in by_rank.items():
             role = key[0]
-            if role is None:
-                continue
-            inside = _clipped(self.spans[key], start_ns, end_ns)
-            role_busy[role] += _covered(inside) - self.busy[key]
-            if not inside:
-                role_keys[role] -= 1
+            if role is not None:
+                outside = _outside(spans, start_ns, end_ns)
+                role_busy[role] -= outside
+                if outside == self.busy[key]:  # no time inside: not a rank called in the step
+                    role_keys[role] -= 1
         for role, counts in sizes.items():
             said = [size for size, calls in counts.items() if calls > 0]
             if said:
                 anatomy.busy[role] = role_busy[role] / max(max(said), role_keys[role]) / wall_ns
         for name, phase in self.phases.items():
-            found = phase.straggler(again.get(name, set()), start_ns, end_ns)
+            found = phase.straggler(sticking.get(name, {}), start_ns, end_ns)
             if found is not None:
                 number, lag_ns = found
                 anatomy.stragglers[name] = (self.calls[number][1][1], lag_ns / 1e9)
@@ -384,16 +395,20 @@ class _PhaseCalls:
         self.entry[key] = entry = (_covered(spans), str(key[1]), first)
         bisect.insort(self.order, entry)
 
-    def straggler(self, again: set[_Key], start_ns: int, end_ns: int) -> tuple[int, float] | None:
+    def straggler(self, sticking: dict[_Key, list[_Span]], start_ns: int, end_ns: int) -> tuple[int, float] | None:
         """(the number of a call of the rank busy longest, how much longer than the median in ns),
-        with the ranks in ``again`` counted inside ``start_ns``..``end_ns`` only; None for fewer
-        than two ranks.  Changes the order: once per step."""
+        the ranks' calls in ``sticking`` counted inside ``start_ns``..``end_ns`` only; None for
+        fewer than two ranks.  Changes the order: once per step."""
         order = self.order
-        for key in again:
-            del order[bisect.bisect_left(order, self.entry[key])]
-            inside = _clipped(self.spans[key], start_ns, end_ns)
-            if inside:
-                bisect.insort(order, (_covered(inside), str(key[1]), -min(n for _, _, n in inside)))
+        for key, spans in sticking.items():
+            busy, rank, first = self.entry[key]
+            del order[bisect.bisect_left(order, (busy, rank, first))]
+            busy -= _outside(spans, start_ns, end_ns)
+            if busy <= 0:
+                continue
+            if any(n == -first and min(hi, end_ns) <= max(lo, start_ns) for lo, hi, n in spans):
+                first = -_first_inside(self.spans[key], start_ns, end_ns)  # its first call: wholly outside
+            bisect.insort(order, (busy, rank, first))
         if len(order) < 2:
             return None
         half = len(order) // 2
@@ -401,10 +416,19 @@ class _PhaseCalls:
         return -order[-1][2], order[-1][0] - median
 
 
-def _clipped(spans: list[_Span], start_ns: int, end_ns: int) -> list[_Span]:
-    """The parts of ``spans`` inside ``start_ns``..``end_ns``."""
-    inside = [(max(lo, start_ns), min(hi, end_ns), n) for lo, hi, n in spans]
-    return [span for span in inside if span[1] > span[0]]
+def _outside(spans: list[_Span], start_ns: int, end_ns: int) -> int:
+    """How long ``spans`` cover outside ``start_ns``..``end_ns``."""
+    if len(spans) == 1:  # most ranks: one call sticking out
+        lo, hi, _ = spans[0]
+        return max(0, hi - max(lo, end_ns)) + max(0, min(hi, start_ns) - lo)
+    after = [(max(lo, end_ns), hi, n) for lo, hi, n in spans if hi > end_ns]
+    before = [(lo, min(hi, start_ns), n) for lo, hi, n in spans if lo < start_ns]
+    return _covered(after) + _covered(before)
+
+
+def _first_inside(spans: list[_Span], start_ns: int, end_ns: int) -> int:
+    """The number of the first of ``spans`` with time inside ``start_ns``..``end_ns``."""
+    return min(n for lo, hi, n in spans if min(hi, end_ns) > max(lo, start_ns))
 
 
 def _covered(spans: Iterable[tuple[int, int, int]]) -> int:
