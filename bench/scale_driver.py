@@ -355,7 +355,9 @@ def returns_watcher(worlds: list[int], spread_s: float = 0.4) -> list[dict[str, 
             thread.start()
         time.sleep(0.1)
         cpu0, waits0 = thread_cpu_s(thread), dict(scale_ray.counts)
+        ready_ns = []
         for ref in refs:
+            ready_ns.append(time.time_ns())
             scale_ray.mark_ready([ref])
             time.sleep(spread_s / world)
         while returns._pending:
@@ -363,7 +365,19 @@ def returns_watcher(worlds: list[int], spread_s: float = 0.4) -> list[dict[str, 
         cpu = thread_cpu_s(thread) - cpu0
         waits = {k: v - waits0[k] for k, v in scale_ray.counts.items()}
         returns.calls_of(world)
-        found.append({"world": world, "cpu_ms": cpu * 1e3, **waits, "refs_per_call": waits["wait_refs"] / world})
+        # how late each result was stamped: the watcher's end against when it was made ready
+        late_ms = sorted((call.end_ns - ready_ns[int(call.rank)]) / 1e6 for call, _ in told._calls.pop(world).calls)
+        found.append(
+            {
+                "world": world,
+                "cpu_ms": cpu * 1e3,
+                **waits,
+                "refs_per_call": waits["wait_refs"] / world,
+                "late_p50_ms": late_ms[len(late_ms) // 2],
+                "late_p99_ms": late_ms[int(0.99 * (len(late_ms) - 1))],
+                "late_max_ms": late_ms[-1],
+            }
+        )
     return found
 
 
