@@ -234,7 +234,7 @@ class StepAnatomy:
                 start_ns = max(start_ns, min(p.start_ns for p in phases))
             if end_ns <= start_ns:
                 return None
-            return _measured(step, start_ns, end_ns, phases, calls, self.buckets)
+            return _step_numbers(step, start_ns, end_ns, phases, calls, self.buckets)
         finally:
             with self._lock:
                 self._spent.append(calls)
@@ -247,10 +247,10 @@ def measure(
     summed = _Calls()
     for call in calls:
         summed.add(call)
-    return _measured(step, start_ns, end_ns, phases, summed, buckets)
+    return _step_numbers(step, start_ns, end_ns, phases, summed, buckets)
 
 
-def _measured(
+def _step_numbers(
     step: int, start_ns: int, end_ns: int, phases: list[Phase], calls: _Calls, buckets: Mapping[str, str]
 ) -> Anatomy:
     wall_ns = end_ns - start_ns
