@@ -684,13 +684,14 @@ def main() -> int:
     if watcher:
         text += (
             "\nThe returns watcher alone (`verl/returns.py`), N results ready one at a time over 0.4 s "
-            "(stand-in refs):\n\n| ranks | ray.wait calls | refs handed in | per call | watcher CPU ms |\n"
-            "|---|---|---|---|---|\n"
+            "(stand-in refs, no transport):\n\n| ranks | ray.wait calls | refs handed in | per call "
+            "| watcher CPU ms | stamped later than ready, p50 / p99 / max ms |\n|---|---|---|---|---|---|\n"
         )
         for w in watcher:
+            late = " / ".join(f"{w[k]:.1f}" for k in ("late_p50_ms", "late_p99_ms", "late_max_ms") if k in w)
             text += (
                 f"| {w['world']} | {w['wait_calls']} | {w['wait_refs']} | {w['refs_per_call']:.0f} "
-                f"| {w['cpu_ms']:.1f} |\n"
+                f"| {w['cpu_ms']:.1f} | {late or '-'} |\n"
             )
     if rows:
         plot(rows, stem.with_suffix(".png"))

@@ -170,19 +170,45 @@ def main() -> int:
     assert run is not None and run.anatomy is not None, "the driver's run must measure its steps' anatomy"
 
     # Observers only: they time and note what the run does, and call it unchanged.
+    from otel_tracking.runtime import anatomy
+
     ended: list[dict[str, Any]] = []
     step_ended = run.anatomy.step_ended
+    # How late the driver stamped each rank's call end (verl/returns.py: when it saw the result),
+    # against when the call ended on the rank: the calls the anatomy is told of as they end, and
+    # those still out when the step is measured (they end with their phase).
+    told: dict[int, list[Any]] = {}  # trace id -> its calls, compared after the run, off the step's path
+    measured_calls: list[tuple[int, list[Any]]] = []
+    call_ended = run.anatomy.call_ended
 
-    def observed_step_ended(trace_id: int, step: Any, start_ns: int, end_ns: int, first: bool) -> Any:
+    def observed_call_ended(trace_id: int, call: Any) -> None:
+        told.setdefault(trace_id, []).append(call)
+        call_ended(trace_id, call)
+
+    def observed_source(source: Any) -> Any:
+        def still_out(trace_id: int) -> Any:
+            found = list(source(trace_id))
+            told.setdefault(trace_id, []).extend(found)
+            return found
+
+        still_out.observed = True  # type: ignore[attr-defined]
+        return still_out
+
+    def observed_step_ended(step: Any, traces: Any) -> Any:
+        traces = list(traces)
+        anatomy._sources[:] = [s if getattr(s, "observed", False) else observed_source(s) for s in anatomy._sources]
         wall, cpu = time.perf_counter(), time.thread_time()
-        found = step_ended(trace_id, step, start_ns, end_ns, first)
+        found = step_ended(step, traces)
+        took_s, took_cpu_s = time.perf_counter() - wall, time.thread_time() - cpu
+        if step is not None:
+            measured_calls.append((step, [c for t in traces for c in told.pop(t.trace_id, [])]))
         ended.append(
             {
-                "trace_id": f"{trace_id:032x}",
+                "trace_id": f"{traces[0].trace_id:032x}" if traces else "",
                 "step": step,
-                "end_ns": end_ns,
-                "anatomy_s": time.perf_counter() - wall,
-                "anatomy_cpu_s": time.thread_time() - cpu,
+                "end_ns": max((t.end_ns for t in traces), default=0),
+                "anatomy_s": took_s,
+                "anatomy_cpu_s": took_cpu_s,
                 "metrics": len(found.metrics()) if found is not None else 0,
                 "straggler": dict(found.stragglers) if found is not None else {},
             }
@@ -190,18 +216,7 @@ def main() -> int:
         return found
 
     run.anatomy.step_ended = observed_step_ended  # type: ignore[method-assign]
-    # How late the driver stamped each rank's call end (verl/returns.py: when it saw the result),
-    # against when the call ended on the rank: the anatomy's calls, as measure() gets them.
-    from otel_tracking.runtime import anatomy
-
-    measure = anatomy.measure
-    measured_calls: list[tuple[int, list[Any]]] = []  # compared after the run, off the step's path
-
-    def observed_measure(step: int, start_ns: int, end_ns: int, phases: Any, calls: Any, buckets: Any) -> Any:
-        measured_calls.append((step, calls))
-        return measure(step, start_ns, end_ns, phases, calls, buckets)
-
-    anatomy.measure = observed_measure
+    run.anatomy.call_ended = observed_call_ended  # type: ignore[method-assign]
     stalls: list[dict[str, Any]] = []
     report = run.stalls.report
 
@@ -211,8 +226,8 @@ def main() -> int:
                 "phase": stall.phase,
                 "at_ns": time.time_ns(),
                 "span_start_ns": stall.span.start_time,
-                "waiting": list(stall.waiting.get("ml.stall.waiting_ranks", [])),
-                "done": len(stall.waiting.get("ml.stall.done_ranks", [])),
+                "waiting": list(stall.waiting.waiting),
+                "done": len(stall.waiting.done),
                 "body_chars": len(stall.stacks),
             }
         )
@@ -321,31 +336,48 @@ def returns_watcher(worlds: list[int], spread_s: float = 0.4) -> list[dict[str, 
     ``ray.wait``: calls, refs handed in, and the thread's CPU."""
     from types import SimpleNamespace
 
+    from otel_tracking.runtime.anatomy import StepAnatomy
     from otel_tracking.verl import returns
 
     thread = None
     found = []
+    told = StepAnatomy()
     for world in worlds:
         refs = [scale_ray.ObjectRef() for _ in range(world)]
         span = SimpleNamespace(name="update_actor", end_time=None)
         with returns._cond:
             for rank, ref in enumerate(refs):
-                returns._pending[ref] = returns._Sent(1, span, "actor", rank, world, time.time_ns())
+                returns._pending[ref] = returns._Sent(world, span, "actor", rank, world, time.time_ns(), told)
+                returns._by_trace.setdefault(world, set()).add(ref)
             returns._cond.notify()
         if thread is None:  # what returns.sent() starts on the first call
             thread = threading.Thread(target=returns._watch, name="otel-tracking-returns", daemon=True)
             thread.start()
         time.sleep(0.1)
         cpu0, waits0 = thread_cpu_s(thread), dict(scale_ray.counts)
+        ready_ns = []
         for ref in refs:
+            ready_ns.append(time.time_ns())
             scale_ray.mark_ready([ref])
             time.sleep(spread_s / world)
         while returns._pending:
             time.sleep(0.01)
         cpu = thread_cpu_s(thread) - cpu0
         waits = {k: v - waits0[k] for k, v in scale_ray.counts.items()}
-        returns._done.clear()
-        found.append({"world": world, "cpu_ms": cpu * 1e3, **waits, "refs_per_call": waits["wait_refs"] / world})
+        returns.calls_of(world)
+        # how late each result was stamped: the watcher's end against when it was made ready
+        late_ms = sorted((call.end_ns - ready_ns[int(call.rank)]) / 1e6 for call, _ in told._calls.pop(world).calls)
+        found.append(
+            {
+                "world": world,
+                "cpu_ms": cpu * 1e3,
+                **waits,
+                "refs_per_call": waits["wait_refs"] / world,
+                "late_p50_ms": late_ms[len(late_ms) // 2],
+                "late_p99_ms": late_ms[int(0.99 * (len(late_ms) - 1))],
+                "late_max_ms": late_ms[-1],
+            }
+        )
     return found
 
 

@@ -158,6 +158,109 @@ def test_the_shares_match_a_nanosecond_by_nanosecond_model(step: tuple[int, list
         assert lag_s == pytest.approx((max(took.values()) - statistics.median(took.values())) / 1e9)
 
 
+# --- calls summed as they end, against measuring them all at once -------------------------------
+
+
+def _all_at_once(start_ns: int, end_ns: int, calls: list[Call]) -> tuple[dict[Any, float], dict[str, Any]]:
+    """The busy shares and stragglers as the step's anatomy computed them before calls were summed
+    as they end: every call looked at when the step is measured."""
+    wall_ns = end_ns - start_ns
+    busy_ns: dict[Any, list[tuple[int, int]]] = {}
+    size: dict[str, int] = {}
+    by_phase: dict[str, dict[Any, list[tuple[int, int]]]] = {}
+    for call in calls:
+        lo, hi = max(call.start_ns, start_ns), min(call.end_ns, end_ns)
+        if hi <= lo:
+            continue
+        key = (call.role, call.rank)
+        busy_ns.setdefault(key, []).append((lo, hi))
+        by_phase.setdefault(call.phase, {}).setdefault(key, []).append((lo, hi))
+        if call.role is not None:
+            size[call.role] = max(size.get(call.role, 0), call.ranks)
+
+    def covered(spans: list[tuple[int, int]]) -> int:
+        return len({t for lo, hi in spans for t in range(lo, hi)})
+
+    busy = {}
+    for role in size:
+        ranks = {key: covered(spans) for key, spans in busy_ns.items() if key[0] == role}
+        busy[role] = sum(ranks.values()) / max(size[role], len(ranks)) / wall_ns
+    stragglers = {}
+    for phase_name, per_rank in by_phase.items():
+        if len(per_rank) < 2:
+            continue
+        took = {key: covered(spans) for key, spans in per_rank.items()}
+        (_, rank), longest = max(took.items(), key=lambda item: (item[1], str(item[0][1])))
+        stragglers[phase_name] = (rank, (longest - statistics.median(took.values())) / 1e9)
+    return busy, stragglers
+
+
+@st.composite
+def calls_of_a_step(draw: Any) -> tuple[int, int, list[Call], int]:
+    start = draw(st.integers(-3, 10))
+    end = start + draw(st.integers(1, 60))
+    call = st.tuples(
+        st.sampled_from(["gen", "update_actor", "ref"]),
+        st.sampled_from([("actor", 4), ("actor", 6), ("ref", 2), (None, 0)]),
+        st.sampled_from([0, 1, 2, 3, "worker_3", "lane"]),
+        st.integers(-10, end + 5),
+        st.integers(0, 30),
+    )
+    calls = [Call(p, rank, s, s + d, role, ranks) for p, (role, ranks), rank, s, d in draw(st.lists(call, max_size=14))]
+    split = draw(st.integers(0, len(calls)))  # the calls of a second root: those after it
+    return start, end, calls, split
+
+
+@given(calls_of_a_step())
+@settings(max_examples=500, deadline=None)
+def test_calls_summed_as_they_end_give_the_numbers_of_looking_at_every_call_at_the_end(
+    step: tuple[int, int, list[Call], int],
+) -> None:
+    """Exactly: the busy shares, each phase's straggler rank (ties too) and its lag, with calls
+    sticking out of the step, overlapping, of two roots, of lanes named as text."""
+    start, end, calls, split = step
+    anatomy = StepAnatomy()
+    anatomy.phase_ended(1, Phase("gen", start, end))
+    middle = (start + end) // 2
+    for number, call in enumerate(calls):
+        anatomy.call_ended(1 if number < split else 2, call)
+    got = anatomy.step_ended(5, [StepTrace(1, start, middle), StepTrace(2, middle, end)])
+    assert got is not None
+    busy, stragglers = _all_at_once(start, end, calls)
+    assert got.busy == busy
+    assert got.stragglers == stragglers
+
+
+def test_measuring_a_step_looks_at_no_rank_whose_calls_lie_inside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The work on the training loop's path when a step is measured does not grow with the ranks:
+    each call was summed when it ended; only a call sticking out of the step (here the last rank's
+    result, seen after the step's end) is looked at again."""
+    from otel_tracking.runtime import anatomy as module
+
+    def looked_at(ranks: int) -> tuple[int, Any]:
+        anatomy = StepAnatomy()
+        anatomy.phase_ended(1, _phase("update_actor", 0, 100))
+        for rank in range(ranks):
+            anatomy.call_ended(1, Call("update_actor", rank, 1 * MS, (10 + rank % 7) * MS, "actor", ranks))
+            anatomy.call_ended(1, Call("gen", rank, 20 * MS, 30 * MS, "rollout", ranks))
+        anatomy.call_ended(1, Call("update_actor", ranks - 1, 40 * MS, 120 * MS, "actor", ranks))  # sticks out
+        covered = module._covered
+        counted = []
+        monkeypatch.setattr(module, "_covered", lambda spans: counted.append(1) or covered(spans))
+        try:
+            got = anatomy.step_ended(3, [StepTrace(1, 0, 100 * MS)])
+        finally:
+            monkeypatch.setattr(module, "_covered", covered)
+        return len(counted), got
+
+    few, _ = looked_at(8)
+    many, got_many = looked_at(1024)
+    assert few == many <= 2, (few, many)
+    assert got_many is not None and got_many.stragglers["update_actor"][0] == 1023
+    actor_ms = sum(9 + rank % 7 for rank in range(1024)) + 60  # the last rank's second call: 40..100 ms
+    assert got_many.busy == pytest.approx({"actor": actor_ms / 1024 / 100, "rollout": 0.1})
+
+
 # --- a real script ---------------------------------------------------------------------------------
 
 SCRIPT = textwrap.dedent(

@@ -281,6 +281,52 @@ def test_one_retry_policy_ours_not_the_sdk_exporters_loop_inside_it(
         assert stats["otlp-metrics"]["spooled"] == 1
 
 
+class _StarvedClock:
+    """``time`` for the SDK's OTLP/HTTP client in a process so starved that 11 s pass between any
+    two of its readings of the clock (more than the 10 s timeout)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._time, self.readings = time, 0
+
+    def time(self) -> float:
+        self.readings += 1
+        return self._time.time() + 11.0 * self.readings
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._time, name)
+
+
+def test_a_request_gets_the_whole_timeout_however_long_the_batch_took_to_serialize(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK hands the request what is left of the export's deadline, taken before the batch was
+    serialized: in a starved process that was 0.0 s, which requests refuses ("Attempted to set
+    connect timeout to 0.0"), and the export failed unsent."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from otel_tracking.compat.otel_sdk import one_try_per_export
+    from otel_tracking.compat.otlp_failures import explain_failures
+
+    http = pytest.importorskip("opentelemetry.exporter.otlp.common.http")
+    with HttpReceiver() as receiver:
+        exporter = OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces")
+        exporter = explain_failures(one_try_per_export(exporter))
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        clock = _StarvedClock()
+        monkeypatch.setattr(http, "time", clock)
+        with provider.get_tracer("t").start_as_current_span("rollout"):
+            pass
+        monkeypatch.undo()
+        assert clock.readings >= 2  # the deadline was taken, then read again for the request
+        assert [s["name"] for s in wait_for(receiver.received.spans, what="the span")] == ["rollout"]
+        provider.shutdown()
+
+
 NEVER_FINISHED = textwrap.dedent(
     """
     from otel_tracking import Tracking, trace_state

@@ -29,6 +29,7 @@ Supported: ``opentelemetry-sdk`` (and api, exporter-otlp) from 1.39 up to, not i
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from collections.abc import Callable
@@ -121,7 +122,8 @@ def one_try_per_export(exporter: _T) -> _T:
     attempts (up to 6 tries with 1, 2, 4 ... s pauses within OTEL_EXPORTER_OTLP_TIMEOUT) made a
     run's finish() against a dead endpoint take ~30 s and print a dozen "Transient error" lines.
     Each export is now one request (plus the SDK's immediate reconnect of a stale pooled
-    connection), bounded by OTEL_EXPORTER_OTLP_TIMEOUT.
+    connection), bounded by OTEL_EXPORTER_OTLP_TIMEOUT (over HTTP the whole of it, however long
+    the batch took to serialize).
 
     The SDK has no public setting for this; these are the per-instance hooks it has (checked by
     tests/test_otlp.py on the newest SDK and on the oldest we support, which fails if a release
@@ -129,10 +131,12 @@ def one_try_per_export(exporter: _T) -> _T:
     client = getattr(exporter, "_client", None)
     if callable(getattr(client, "_compute_backoff", None)):  # OTLP/HTTP, SDK 1.45+: a pause past any deadline
         client._compute_backoff = lambda retry: math.inf  # type: ignore[union-attr]
+        _whole_timeout_per_request(client, "_submit", getattr(client, "_timeout", None))
         return exporter
     if isinstance(getattr(exporter, "_retryable_error_codes", None), frozenset):  # OTLP/gRPC, 1.45+
         exporter._retryable_error_codes = frozenset()  # type: ignore[attr-defined]
         return exporter
+    _whole_timeout_per_request(exporter, "_export", getattr(exporter, "_timeout", None))  # OTLP/HTTP before 1.45
     # Older SDKs: the pause before a retry waits on this event, which ends the loop when set (it
     # logs "aborting retry" once an attempt).  The exporter's own shutdown flag is another one.
     for name in ("_shutdown_in_progress", "_shutdown_is_occuring"):
@@ -141,6 +145,27 @@ def one_try_per_export(exporter: _T) -> _T:
             event.set()
             break
     return exporter
+
+
+def _whole_timeout_per_request(owner: Any, name: str, timeout_s: Any) -> None:
+    """The SDK's OTLP/HTTP exporter hands its request ``owner.<name>(data, timeout)`` what is left
+    of the export's deadline, taken before the batch was serialized and compressed: a thread
+    starved for longer than the timeout in between (a rank's process on an overloaded node) handed
+    it 0.0, which requests refuses ("Attempted to set connect timeout to 0.0") and the export
+    failed unsent.  With one request per export, that request gets the whole timeout."""
+    send = getattr(owner, name, None)
+    if not callable(send) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        return
+    try:
+        if len(inspect.signature(send).parameters) < 2:  # not (data, timeout): the gRPC exporter's
+            return
+    except (TypeError, ValueError):
+        return
+
+    def send_with_the_whole_timeout(data: Any, timeout: Any = None) -> Any:
+        return send(data, timeout_s if timeout is None else max(timeout, timeout_s))
+
+    setattr(owner, name, send_with_the_whole_timeout)
 
 
 def enabled_despite_sdk_disabled(provider: _T) -> _T:
