@@ -5,9 +5,7 @@ from __future__ import annotations
 import stat
 import subprocess
 import sys
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -221,7 +219,7 @@ class _Recorder:
 
 
 def test_export_interval_sends_a_busy_sinks_spans_together_and_never_holds_a_flush_or_the_stop() -> None:
-    from otel_tracking.delivery.engine import _MAX_MERGE, Policy, SinkQueue
+    from otel_tracking.delivery.engine import _MAX_MERGE, Policy
 
     recorder = _Recorder()
     queue = SinkQueue("spans", recorder.deliver, recorder.count, None, Policy(export_interval_s=60.0))
@@ -242,7 +240,6 @@ def test_export_interval_sends_a_busy_sinks_spans_together_and_never_holds_a_flu
 
 
 def test_without_export_interval_each_span_leaves_at_once() -> None:
-    from otel_tracking.config.policy import Policy
     from otel_tracking.delivery.engine import SinkQueue
 
     recorder = _Recorder()
@@ -252,93 +249,6 @@ def test_without_export_interval_each_span_leaves_at_once() -> None:
         wait_for(lambda n=n: len(recorder.exports) == n, what=f"span {n} exported on its own")
     queue.stop(10.0)
     assert recorder.exports == [1, 1, 1]
-
-
-# --- a queue held while its backend opens -----------------------------------------------------------
-
-
-def _step(step: int) -> StepBatch:
-    return StepBatch(Resource({}), step, {"x": float(step)}, {}, time.time_ns())
-
-
-def test_a_held_worker_delivers_what_waited_for_it_in_order_once_released() -> None:
-    delivered: list[int] = []
-    done: list[int] = []
-    queue = SinkQueue(
-        "w",
-        lambda kind, batch: delivered.append(batch.step) or True,
-        lambda f, n: None,
-        None,
-        done=lambda token, outcome: done.append(token),
-        held=True,
-    )
-    for step in range(10):
-        queue.submit("metrics", _step(step), token=step)
-    assert not queue.flush(0.2) and delivered == [] and done == []  # held: nothing taken, nothing acknowledged
-    assert queue.release()
-    assert queue.flush(10)
-    assert delivered == list(range(10)) and done == list(range(10))
-    assert not queue.give_up()  # it opened: giving up now changes nothing
-    queue.submit("metrics", _step(10), token=10)
-    queue.stop(10)
-    assert delivered == list(range(11))
-
-
-def test_a_held_worker_spools_overflow_at_once_and_everything_once_given_up(tmp_path: Path) -> None:
-    """A queue full while the backend opens spools (and acknowledges) at once, the oldest items
-    first, so that the spool stays in order; giving up spools what waited and everything after;
-    each item is acknowledged once, when on disk."""
-    counts: Counter[str] = Counter()
-    done: list[int] = []
-    spool = Spool(tmp_path / "w.jsonl", {"sink": "w"})
-    queue = SinkQueue(
-        "w",
-        lambda kind, batch: True,
-        lambda field, n: counts.update({field: n}),
-        spool,
-        Policy(queue_size=5),
-        done=lambda token, outcome: done.append(token),
-        held=True,
-    )
-    for step in range(8):
-        queue.submit("metrics", _step(step), token=step)
-    assert done == [0, 1, 2] and counts == {"spooled": 3}  # the overflow, at once: the oldest
-    assert queue.give_up()
-    assert not queue.release()  # given up first: it stays given up
-    queue.submit("metrics", _step(8), token=8)
-    assert queue.flush(10)
-    queue.stop(10)
-    assert sorted(done) == list(range(9)) and counts == {"spooled": 9}
-    _, items = read_spool(tmp_path / "w.jsonl")
-    steps = [
-        metric.data.data_points[0].value
-        for kind, data in items
-        for metric in data.resource_metrics[0].scope_metrics[0].metrics
-        if metric.name == "train.step"
-    ]
-    # The oldest overflowed first, then what waited (and step 8, racing the queue thread's spooling of it)
-    assert steps[:3] == [0, 1, 2] and sorted(steps) == list(range(9))
-
-
-def test_a_worker_still_held_at_stop_waits_until_the_deadline_then_spools(tmp_path: Path) -> None:
-    counts: Counter[str] = Counter()
-    done: list[int] = []
-    queue = SinkQueue(
-        "w",
-        lambda kind, batch: True,
-        lambda f, n: counts.update({f: n}),
-        Spool(tmp_path / "w.jsonl", {}),
-        done=lambda token, outcome: done.append(token),
-        held=True,
-    )
-    for step in range(3):
-        queue.submit("metrics", _step(step), token=step)
-    stopping = threading.Thread(target=queue.stop, args=(0.2,), daemon=True)
-    stopping.start()
-    stopping.join(30)  # (waiting for an open that never comes would hang here)
-    assert not stopping.is_alive()
-    assert counts == {"spooled": 3} and sorted(done) == [0, 1, 2]
-    assert not queue.release()  # an open that comes after stop() delivers nothing
 
 
 _APPENDER = """

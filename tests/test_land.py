@@ -30,10 +30,9 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.resources import Resource
 
 from otel_tracking.config.policy import Policy
-from otel_tracking.delivery.log_writer import LogWriter
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.reader import LogReader
-from otel_tracking.delivery.spool import Spool
+from otel_tracking.delivery.spool import LogWriter, Spool
 from otel_tracking.delivery.tracker_logs import count_from_log
 from otel_tracking.exporters import mlflow as mlflow_bridge
 from otel_tracking.exporters._base import SinkParts

@@ -1,5 +1,5 @@
 """A model-based test of the one reliability layer between ``log()`` and a tracker: the tracker's
-log (``delivery/log_writer.py`` appends, ``delivery/reader.py`` reads from a position) under a
+log (``delivery/spool.py`` appends, ``delivery/reader.py`` reads from a position) under a
 tracker that fails, lands part of a group, or whose reader is killed in the middle of an export,
 followed by ``otel-tracking replay``'s reader on what is left.
 
@@ -29,11 +29,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from opentelemetry.sdk.resources import Resource
 
 from otel_tracking.config.policy import Policy
-from otel_tracking.delivery.log_writer import LogWriter
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.position import IN_DOUBT
 from otel_tracking.delivery.reader import LogReader, pending_items
-from otel_tracking.delivery.spool import Spool, read_spool
+from otel_tracking.delivery.spool import LogWriter, Spool, read_spool
 from otel_tracking.delivery.tracker_logs import count_from_log
 from otel_tracking.exporters._base import SinkParts
 from otel_tracking.signals.steps import StepBatch

@@ -14,7 +14,7 @@ child process it costs nothing but handing the step over.
              it is for)                                       position moves as the tracker takes it)
 
 The log is the hand-over: the training process appends each record once to each of its trackers'
-logs (``delivery/log_writer.py``) and waits for nobody; the child reads each log from its position
+logs (``delivery/spool.py``) and waits for nobody; the child reads each log from its position
 (``delivery/reader.py``, the reader ``otel-tracking replay`` runs too).  If the child dies, nothing
 is to be saved: what it had not delivered is in the log, past its position, where replay finds it
 (a record the child was delivering when it died may arrive twice; nothing is lost).  The counts
@@ -75,10 +75,9 @@ from otel_tracking.bridges.wire import (
 from otel_tracking.config.run_config import RunConfig
 from otel_tracking.config.settings import ConfigError, Settings
 from otel_tracking.delivery.engine import HURRY, Policy
-from otel_tracking.delivery.log_writer import LogWriter
 from otel_tracking.delivery.pipeline import Sink
-from otel_tracking.delivery.spool import Spool
-from otel_tracking.delivery.tracker_logs import as_record, close_log, count_from_log, logs_settings, writer_for
+from otel_tracking.delivery.spool import LogWriter, Spool
+from otel_tracking.delivery.tracker_logs import close_log, count_from_log, logs_settings, writer_for
 from otel_tracking.exporters._base import SinkParts
 from otel_tracking.signals.redact import scrub_text
 
@@ -183,6 +182,8 @@ class BridgeProcess:
                 "It opens" if len(still_opening) == 1 else "They open",
             )
         self.writer = writer_for([self.sinks[name] for name in names], self.settings)
+        for name in names:  # what the run hands them goes to their logs, once for all of them
+            self.sinks[name].transport = self.writer
         return [self.sinks[name] for name in names]
 
     def _wait_for_outcomes(self, names: Sequence[str], deadline: float) -> tuple[dict[str, Opened | Failed], bool]:
@@ -230,12 +231,6 @@ class BridgeProcess:
         self._reap(timeout_s=5.0)
 
     # --- the training thread's side --------------------------------------------------------------
-
-    def submit(self, names: Sequence[str], kind: str, payload: Any) -> None:
-        """Hand one item to the named trackers (pipeline.export_to gathers them): appended once to
-        each of their logs, by the writer's thread; never blocks on the child."""
-        assert self.writer is not None, "the remote sinks exist once open() has made the logs"
-        self.writer.append(names, *as_record(kind, payload))
 
     def wait_handed(self, timeout_s: float) -> bool:
         """Wait until every item so far is in the logs; False on timeout."""
@@ -449,7 +444,7 @@ class RemoteSink(Sink):
         super().__init__(name, SinkParts(where=info.where, resume=info.resume), named_events_only=True)
         self.info = info
         self.link = link
-        self.transport = link  # what the run hands it goes to the link, once for all the trackers
+        self.owner = link  # its flush and finish are the bridge process's
         if _writes_nothing(info):  # opened within the start window, unreachable
             self.info = _spooled_by_child(info)
             self.where = self.info.where

@@ -1,7 +1,7 @@
 """What travels between the training process and the bridge process, in one place.
 
 The records themselves do not: the training process appends them to each tracker's log
-(``delivery/log_writer.py``) and the child reads them from there (``delivery/reader.py``).  Two
+(``delivery/spool.py``) and the child reads them from there (``delivery/reader.py``).  Two
 pipes carry the rest, one pickled message a frame (``multiprocessing.connection.Connection``
 framing; the training process writes its frames without blocking, :func:`write_frame`).  Every
 message is one of the dataclasses below.

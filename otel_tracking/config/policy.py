@@ -1,6 +1,8 @@
 """How hard a sink tries: its queue's size, retries and backoff, the probe of a degraded backend,
 and how long spans and log records may wait to leave together.  A setting (chosen in ``Settings``
-or per sink), used by the delivery engine."""
+or per sink).  The one place the retry policy lives: the trackers' log readers
+(``delivery/reader.py``) and the OTel exporters' queues (``delivery/engine.py``) both try an
+export as :meth:`Policy.pauses` says."""
 
 from __future__ import annotations
 
@@ -20,3 +22,13 @@ class Policy:
     # request's CPU cost hardly depends on its size).  A flush, the stop or a full export's worth
     # of items ends the wait.
     export_interval_s: float = 0.0
+
+    def pauses(self) -> list[float]:
+        """The pauses between an export's attempts: ``max_attempts - 1`` of them, from
+        ``backoff_s``, doubling up to ``backoff_max_s``.  After the last attempt a backend is
+        degraded, and tried once every ``probe_interval_s``."""
+        pauses, pause = [], self.backoff_s
+        for _ in range(self.max_attempts - 1):
+            pauses.append(pause)
+            pause = min(pause * 2, self.backoff_max_s)
+        return pauses

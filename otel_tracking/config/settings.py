@@ -143,7 +143,7 @@ class Settings:
     bridge_process: bool = True  # the ML trackers run in a child process (bridges/process.py)
     spool_dir: Path = Path("spool")
     spool_writable: bool | None = None  # None: not checked yet (spool.check_spool_dir)
-    spool_max_bytes: int = 1 << 30  # OTEL_TRACKING_SPOOL_MAX_MB: a tracker's log on disk, at most (log_writer.py)
+    spool_max_bytes: int = 1 << 30  # OTEL_TRACKING_SPOOL_MAX_MB: a tracker's log on disk, at most (spool.py)
     file_path: Path | None = None
     tensorboard_dir: Path | None = None
     role: str | None = None  # ml.role: what this process does in the job (driver, actor, rollout, ...)

@@ -1,19 +1,23 @@
 """The delivery layer: the one place that calls exporters.
 
-A :class:`Sink` is one backend (file, console, wandb, OTLP, ...): up to three small synchronous OTel
-exporters that share a backend session.  This layer hands them data and keeps one backend's
-failure or slowness from reaching the training loop or the other backends.  Every export is
-guarded and counted; a sink whose data must be on disk when ``log()`` returns (file, console) is
-called inline, every other sink gets a :class:`~otel_tracking.delivery.engine.SinkQueue` (bounded queue,
-retry with backoff, spool).  Of the threads that export, the sink queues live in ``engine.py``, the
-periodic OTLP gauge export is the SDK's reader (:func:`periodic_export`), and the bridge process's
-link and child, the SIGTERM watcher (``runtime/lifecycle.py``) and the actor drain
-(``distributed/drain.py``) have their own (docs/reference/guarantees.md, "Never block, never lose", lists them).
+A :class:`Sink` is one backend (file, console, wandb, OTLP, ...): its exporters (up to three, one per
+signal, sharing a backend session) behind one guarded, counted call, :meth:`Sink.deliver` (and
+:meth:`Sink.deliver_many`, many steps at once for a tracker with a bulk path).  How a record gets
+there depends on the sink:
+
+- file and console are called inline, on the caller's thread: on disk when ``log()`` returns;
+- an ML tracker's records go to its log (its ``transport``: ``tracker_logs.py``, or the bridge
+  process's side, ``bridges/process.py``), whose reader calls ``deliver`` (``reader.py``);
+- an OTel exporter's sink (OTLP, ``OTEL_*_EXPORTER``) gets a :class:`~otel_tracking.delivery.engine.SinkQueue`.
+
+Of the other threads that export, the periodic OTLP gauge export is the SDK's reader
+(:func:`periodic_export`); the SIGTERM watcher (``runtime/lifecycle.py``) and the actor drain
+(``distributed/drain.py``) have their own (docs/reference/guarantees.md, "Never block, never lose",
+lists them).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 import time
@@ -29,8 +33,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from otel_tracking.compat.otel_sdk import LogRecordProcessor, ReadableLogRecord, ReadWriteLogRecord, periodic_reader
 from otel_tracking.config.policy import Policy
-from otel_tracking.delivery.engine import SinkQueue, item_count
-from otel_tracking.delivery.spool import Spool
+from otel_tracking.delivery.engine import SinkQueue
+from otel_tracking.delivery.spool import Spool, item_count
 from otel_tracking.exporters._base import SinkParts
 from otel_tracking.signals import semconv
 from otel_tracking.signals.redact import scrubbed_logger
@@ -73,11 +77,16 @@ _FAILED = (MetricExportResult.FAILURE, SpanExportResult.FAILURE)
 
 
 class Transport(Protocol):
-    """What takes items for several sinks at once (the trackers' logs, ``tracker_logs.py`` and
-    ``bridges/process.py``): one item, the names of the sinks it is for.  Its ``flush`` and
-    ``finish`` are its sinks' (called once for each of them: the first does the work)."""
+    """What takes items for several sinks at once (the trackers' logs: ``spool.LogWriter``): one
+    item, the names of the sinks it is for."""
 
     def submit(self, names: Sequence[str], kind: str, payload: Any) -> None: ...
+
+
+class SharedLogs(Protocol):
+    """Who reads the logs of several trackers (``tracker_logs.LocalTrackers``, or the bridge
+    process, ``bridges/process.py``): their sinks' ``flush`` and ``finish`` (called once for each
+    of them: the first does the work)."""
 
     def flush(self, timeout_s: float) -> bool: ...
 
@@ -151,6 +160,7 @@ class Sink:
         # Told (name, resume) when a tracker opened after the run started: the run's reattach record.
         self.on_resume: Callable[[str, dict[str, Any] | None], Any] | None = None
         self.transport: Transport | None = None  # set when its exporters are elsewhere (see export_to)
+        self.owner: SharedLogs | None = None  # ... and who reads what it was handed: its flush and finish
         self.stats = SinkStats()
         self.queue: SinkQueue | None = None
         self._lock = threading.Lock()
@@ -163,40 +173,17 @@ class Sink:
         self._on_finish = parts.finish
         self.where = parts.where  # shown to the user at the end of a run: where this sink wrote
         self.resume = parts.resume  # what replay needs to reattach to this backend's run (an MLflow run id)
-        self.unreachable = parts.unreachable  # takes every kind, and spools it all (see SinkParts)
+        self.unreachable = parts.unreachable  # takes every kind, kept in its log for replay (see SinkParts)
 
-    def start(
-        self,
-        spool: Spool | None,
-        policy: Policy | None = None,
-        *,
-        done: Callable[[Any, str], None] | None = None,
-        held: bool = False,
-        progressed: Callable[[], None] | None = None,
-    ) -> None:
-        """Give a non-inline sink its queue (the run does this once its spool path is known);
-        ``done(token, outcome)`` hears when each item submitted with a token reached its end, and
-        ``progressed()`` when part of a group of them landed.  A ``held`` sink's backend is still
-        opening: its queue keeps what comes until :meth:`attach`."""
+    def start(self, spool: Spool | None, policy: Policy | None = None) -> None:
+        """Give an OTel exporter's sink its queue (the run does this once its spool path is known);
+        an inline sink and a tracker's (whose transport is its log) need none."""
         if not self.inline and self.queue is None and self.transport is None:
-            self.queue = SinkQueue(
-                self.name,
-                self.deliver,
-                self.count,
-                spool,
-                policy,
-                done=done,
-                held=held or self.unreachable,
-                deliver_many=self.deliver_many,
-                progressed=progressed,
-            )
-            if self.unreachable:
-                self.queue.give_up()
+            self.queue = SinkQueue(self.name, self.deliver, self.count, spool, policy)
 
     def attach(self, parts: SinkParts) -> bool:
-        """Take the exporters of the tracker that just opened; a held queue then delivers what
-        waited, in order (or spools it, when the tracker opened with nothing to write to: MLflow
-        not reachable).  False when the sink was finished first: the caller ends the late run."""
+        """Take the exporters of the tracker that just opened (in the bridge process: its log's
+        reader starts then).  False when the sink was finished first: the caller ends the late run."""
         with self._lock:
             if self._sealed:
                 return False
@@ -207,25 +194,12 @@ class Sink:
             if self._sealed:
                 return False
             self._take(parts)
-        if self.queue is not None:
-            if self.queue.spool is not None:  # replay reattaches to this run (if nothing was spooled yet)
-                self.queue.spool.header["resume"] = parts.resume
-            if not any(self.exporters):  # opened with nothing to write to (SinkParts.unreachable)
-                self.queue.give_up()
-            else:
-                self.queue.release()
         return True
-
-    def give_up(self) -> None:
-        """The backend of a held sink will not open (it failed, or nobody waits for it any more):
-        what waited for it, and everything after, is spooled.  Nothing changes once it opened."""
-        if self.queue is not None:
-            self.queue.give_up()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until what was handed to this sink so far is delivered or spooled."""
-        if self.transport is not None:
-            return self.transport.flush(timeout_s)
+        if self.owner is not None:
+            return self.owner.flush(timeout_s)
         return self.queue.flush(timeout_s) if self.queue is not None else True
 
     @property
@@ -349,10 +323,9 @@ class Sink:
         if self._finished:
             return
         self._finished = True
-        if self.transport is not None:  # its log delivered while the backend makes progress, counted
-            self.transport.finish(exit_code, timeout_s)
+        if self.owner is not None:  # its log delivered while the backend makes progress, counted
+            self.owner.finish(exit_code, timeout_s)
         if self.queue is not None:
-            # a backend still opening is waited for until the timeout, then given up
             self.queue.stop(timeout_s, since)
         with self._lock:
             self._sealed = True
@@ -372,13 +345,7 @@ class Sink:
                 self._on_finish(exit_code)
             except Exception as error:
                 self._count_failure("finish", error)
-        elif self.queue is not None and self.queue.never_opened:
-            # Its backend never opened: replay makes its run from the spool, and ends it as this
-            # run ended (a crash stays a crash).
-            spool = self.queue.spool
-            if spool is not None and spool.path.exists():
-                with contextlib.suppress(OSError):
-                    spool.end(exit_code)
+
 
 
 def export_to(sinks: Sequence[Sink], kind: str, payload: Any) -> None:

@@ -8,7 +8,7 @@ tracker and hands a tracker many steps at once (its bulk path).
              (delivery/position.py)
 
 A run's trackers each have one, on a thread in the bridge process (or in the training process
-when there is none), following the log as the training process appends to it (``log_writer.py``);
+when there is none), following the log as the training process appends to it (``spool.py``);
 ``otel-tracking replay`` runs the same reader on a log whose job is gone, on its own thread, and
 stops at the first record the tracker does not take.
 
@@ -40,10 +40,18 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_tracking.config.policy import Policy
 from otel_tracking.delivery.codec import DECODERS, ENCODERS
-from otel_tracking.delivery.log_writer import items_in
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.position import LogPosition, Settled
-from otel_tracking.delivery.spool import CUT_SHORT, Damaged, Frame, next_part, part_of, read_frames, read_header
+from otel_tracking.delivery.spool import (
+    CUT_SHORT,
+    Damaged,
+    Frame,
+    item_count,
+    next_part,
+    part_of,
+    read_frames,
+    read_header,
+)
 from otel_tracking.signals.steps import StepBatch, step_batch_of
 
 logger = logging.getLogger("otel_tracking")
@@ -65,7 +73,7 @@ class _Entry:
 
     @property
     def items(self) -> int:
-        return items_in(self.kind, self.payload)
+        return item_count(self.kind, self.payload)
 
 
 class LogReader:
@@ -288,36 +296,33 @@ class LogReader:
     # --- delivery: attempts, backoff, the degraded probe -----------------------------------------
 
     def _deliver(self, group: list[_Entry]) -> bool:
-        """Deliver a group, retrying what did not land; True once all of it landed.  Not following,
-        False after the policy's attempts; following, it goes on trying once every probe interval
-        (the tracker is degraded meanwhile) until it lands or the reader is stopped."""
+        """Deliver a group, retrying what did not land (the policy's attempts and pauses); True
+        once all of it landed.  Not following, False after the last attempt; following, it goes on
+        trying once every probe interval (the tracker is degraded meanwhile) until it lands or the
+        reader is stopped."""
         if self.at_most_once:
             self._hand(group)
         pending = group
-        attempts = self.policy.max_attempts
-        delay = self.policy.backoff_s
-        attempt = 0
+        pauses = self.policy.pauses()
         while True:
             pending = self._attempt(pending)
             if not pending:
                 self._failing = False
                 return True
-            attempt += 1
-            if attempt >= attempts:
+            if pauses:
+                pause = pauses.pop(0)
+                self.sink.count("retried", 1)
+            else:
                 self._failing = True
                 with self._cond:
                     self._cond.notify_all()  # a flush() waiting is told the tracker is degraded
                 if not self.follow:
                     self._keep(pending)
                     return False
-                delay = self.policy.probe_interval_s
-            else:
-                self.sink.count("retried", 1)
-            if self._stop.wait(delay):
+                pause = self.policy.probe_interval_s
+            if self._stop.wait(pause):
                 self._keep(pending)
                 return False
-            if attempt < attempts:
-                delay = min(delay * 2, self.policy.backoff_max_s)
 
     def _attempt(self, pending: list[_Entry]) -> list[_Entry]:
         """One attempt at the pending records of a group: those that landed are marked; the
@@ -505,7 +510,7 @@ def pending_items(path: Path) -> int:
         settled = after.get(frame.start)
         if isinstance(frame.item, Damaged) or frame.item[0] == "end" or (settled and settled.state == "landed"):
             continue
-        n += items_in(*frame.item) if frame.item[0] != "step" else 1
+        n += item_count(*frame.item) if frame.item[0] != "step" else 1
     return n
 
 

@@ -1,15 +1,41 @@
-"""The spool: what a sink cannot deliver, kept on disk for ``otel-tracking replay``.
+"""A sink's log on disk: how records are appended to it, what a record looks like, and how it is
+read back.
 
-One append-only log per sink (and rank, and attempt) in the run's spool directory, whichever
-process writes it, readable by its owner only: a header record naming the sink and run (how replay
-rebuilds the sink), then one record a line, ``<crc32 of the JSON, 8 hex digits> <JSON>``.  Nothing
-ever rewrites, renames or truncates a log: replay reads it from a position kept beside it
-(``delivery/position.py``) and removes it once every record is delivered and no writer holds it.
+One append-only log per sink (and rank, and attempt) in the run's spool directory, readable by its
+owner only: a header record naming the sink and run (how replay rebuilds the sink), then one record
+a line, ``<crc32 of the JSON, 8 hex digits> <JSON>``.  Nothing ever rewrites, renames or truncates a
+log: its reader reads it from a position kept beside it (``delivery/position.py``) and removes it
+once every record is delivered and no writer holds it.
+
+An ML tracker's every record goes to its log, which *is* the hand-over from the training process
+(:class:`LogWriter`, below) to the tracker's reader (``delivery/reader.py``, in the bridge process
+or here); an OTel exporter's queue (``engine.py``) writes what its backend cannot take to its own.
 
 A record cut short (a kill or a full disk in the middle of a write) has no end of line.  The writer
 starts its next record on a line of its own, and the reader, should a record have been glued to a
 torn one all the same (by a writer of an older release), finds the whole record after the torn
 bytes: only the torn record is lost, and it is counted.
+
+The writer of trackers' logs, :class:`LogWriter`, appends every record once to the log of each
+sink it is for, on one thread, so that neither its encoding nor the disk reaches ``log()``:
+
+    log() --append()--> [records waiting] --otel-tracking-log-writer--> <sink>.jsonl, one per sink
+                                                                         (read by its LogReader,
+                                                                          delivery/reader.py)
+
+``append()`` only puts the payload in line; the thread encodes it once (``codec``) and appends the
+same line to each of its sinks' logs (:class:`Spool`: one ``write`` a record, 0600).  Nothing
+waits for a tracker: the log is the record, and the sink's reader delivers from it.
+
+Bounded in memory: past ``capacity`` records waiting (a disk slower than the training loop for
+that long), ``append()`` writes what waits itself, in order, before it returns: the training loop
+then goes at the disk's pace, never at a tracker's.
+
+Bounded on disk: a log is cut into parts of ``PART_BYTES`` (:func:`next_part`); its reader
+removes a part once it delivered all of it.  A sink whose parts on disk reach ``max_bytes``
+(``OTEL_TRACKING_SPOOL_MAX_MB``: its tracker has taken nothing for that long) gets no more records
+until its reader catches up: each one is counted ``dropped``, with one warning, never silently.  A
+record that cannot be written (a full disk) is dropped and counted the same way.
 """
 
 from __future__ import annotations
@@ -24,7 +50,8 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -32,6 +59,7 @@ from otel_tracking.config.destinations import destination
 from otel_tracking.config.paths import path_part
 from otel_tracking.config.settings import Settings
 from otel_tracking.delivery.codec import DECODERS, ENCODERS
+from otel_tracking.signals.steps import StepBatch
 
 logger = logging.getLogger("otel_tracking")
 
@@ -267,6 +295,187 @@ def unframe(line: bytes) -> dict[str, Any] | str:
     except ValueError as error:
         return f"not JSON ({error})"
     return entry if isinstance(entry, dict) else "not a record"
+
+
+# --- the writer of trackers' logs -------------------------------------------------------------------
+
+
+def item_count(kind: str, payload: Any) -> int:
+    """Items in one record, as the counts see them: a log() call is one, spans and log records
+    one each."""
+    return len(payload) if kind in ("spans", "logs") else 1
+
+CAPACITY = 10_000  # records waiting for the writer thread before append() writes them itself
+MAX_BYTES = 1 << 30  # a sink's parts on disk, at most (OTEL_TRACKING_SPOOL_MAX_MB)
+
+
+
+
+class LogWriter:
+    """Appends records to sinks' logs (``logs``: each sink's :class:`Spool`) on a thread of its
+    own.  ``written()`` is told each time records reached the disk."""
+
+    def __init__(
+        self,
+        logs: Mapping[str, Spool],
+        capacity: int = CAPACITY,
+        written: Callable[[], None] | None = None,
+        max_bytes: int = MAX_BYTES,
+        part_bytes: int = PART_BYTES,
+    ) -> None:
+        self.logs = dict(logs)  # each sink's part being written
+        self.parts: dict[str, list[Path]] = {name: [log.path] for name, log in self.logs.items()}
+        self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.part_bytes = part_bytes
+        self._part_size = dict.fromkeys(self.logs, 0)  # bytes this writer put in each sink's part
+        self._on_disk = dict.fromkeys(self.logs, 0)  # ... and in all its parts (less those removed)
+        self._full: set[str] = set()  # sinks at max_bytes (said once each)
+        self._written = written
+        self.appended: dict[str, int] = defaultdict(int)  # items handed, per sink
+        self.dropped: dict[str, int] = defaultdict(int)  # items that could not be written, per sink
+        self._waiting: deque[tuple[Sequence[str], str, Any]] = deque()
+        self._cond = threading.Condition()
+        self._one_writer = threading.Lock()  # the thread, or append() past capacity: records stay in order
+        self._handed = 0  # records handed to append(), and of those written (or dropped)
+        self._done = 0
+        self._closed = False
+        self._warned = False
+        self._thread = threading.Thread(target=self._run, name="otel-tracking-log-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, names: Sequence[str], kind: str, payload: Any) -> None:
+        """A sink's transport (``pipeline.export_to``): one item for the logs of ``names``.  A
+        log() call goes in as its values (a ``step`` record), not as OTel metric data."""
+        self.append(names, "step" if kind == "metrics" and isinstance(payload, StepBatch) else kind, payload)
+
+    def append(self, names: Sequence[str], kind: str, payload: Any) -> None:
+        """Put one record in line for the logs of ``names``; never waits for a tracker."""
+        n = item_count(kind, payload)
+        with self._cond:
+            self._waiting.append((names, kind, payload))
+            self._handed += 1
+            for name in names:
+                self.appended[name] += n
+            if len(self._waiting) == 1:
+                self._cond.notify_all()
+            over = len(self._waiting) > self.capacity
+        if over:
+            self._write_waiting()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if not self._waiting and self._closed:
+                    return
+            self._write_waiting()
+            if self._written is not None:
+                self._written()
+
+    def _write_waiting(self) -> None:
+        with self._one_writer:
+            with self._cond:
+                batch = list(self._waiting)
+                self._waiting.clear()
+            for names, kind, payload in batch:
+                self._write(names, kind, payload)
+            with self._cond:
+                self._done += len(batch)
+                self._cond.notify_all()
+
+    def _write(self, names: Sequence[str], kind: str, payload: Any) -> None:
+        try:
+            line = record_line(kind, payload)  # encoded once, for every sink it is for
+        except Exception:
+            logger.exception("otel-tracking: a %s record could not be encoded; dropped", kind)
+            for name in names:
+                self.dropped[name] += item_count(kind, payload)
+            return
+        for name in names:
+            if self._on_disk[name] + len(line) > self.max_bytes and not self._room(name, len(line)):
+                self.dropped[name] += item_count(kind, payload)
+                continue
+            try:
+                self.logs[name].append(line)
+                self._part_size[name] += len(line)
+                self._on_disk[name] += len(line)
+                if self._part_size[name] >= self.part_bytes:
+                    self._next_part(name)
+            except OSError as error:
+                self.dropped[name] += item_count(kind, payload)
+                if not self._warned:
+                    self._warned = True
+                    logger.warning(
+                        "otel-tracking: %s cannot be written (%s); what cannot be written is dropped and counted",
+                        self.logs[name].path,
+                        error.strerror or type(error).__name__,
+                    )
+
+    def _next_part(self, name: str) -> None:
+        """Go on in the next part of a sink's log (this one is whole: its reader may remove it)."""
+        current = self.logs[name]
+        current.close()
+        self.logs[name] = Spool(next_part(current.path), dict(current.header))
+        self.parts[name].append(self.logs[name].path)
+        self._part_size[name] = 0
+
+    def _room(self, name: str, size: int) -> bool:
+        """Whether a sink at its bound has room again (its reader removed parts it delivered)."""
+        self.parts[name] = [path for path in self.parts[name] if path.exists() or path == self.logs[name].path]
+        self._on_disk[name] = sum(_size_of(path) for path in self.parts[name])
+        if self._on_disk[name] + size <= self.max_bytes:
+            self._full.discard(name)
+            return True
+        if name not in self._full:
+            self._full.add(name)
+            logger.warning(
+                "otel-tracking: %s has %d MB in the spool that its tracker has not taken "
+                "(OTEL_TRACKING_SPOOL_MAX_MB); what is logged for it is dropped, and counted, until it catches up",
+                name,
+                self.max_bytes >> 20,
+            )
+        return False
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every record appended so far is written (or counted dropped); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            target = self._handed
+            self._cond.notify_all()
+            while self._done < target:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    def end(self, name: str, exit_code: int) -> None:
+        """The last record of a sink's log when no tracker ended the backend's run: replay ends it
+        so.  (After :meth:`close`.)"""
+        try:
+            self.logs[name].end(exit_code)
+        except OSError as error:
+            logger.warning("otel-tracking: %s: could not record the run's end: %s", self.logs[name].path, error)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what waits (within ``timeout_s``; what is left then is written here), end the thread."""
+        self.flush(timeout_s)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        self._write_waiting()
+        for log in self.logs.values():
+            log.close()
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 # --- where spools live --------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The trackers' logs of a run, and what is counted from them.
 
 Every record a tracker must get is appended once to that tracker's log by the training process
-(``log_writer.py``), and read from the log's position by the tracker's reader (``reader.py``): in
+(``spool.py``), and read from the log's position by the tracker's reader (``reader.py``): in
 the bridge process (``bridges/``), or, with ``OTEL_TRACKING_BRIDGE_PROCESS=false``, on a thread
 here (:class:`LocalTrackers`).  Either way a tracker's counts at the end come from its log, in one
 place, :func:`count_from_log`: what is past the position is *spooled* (``otel-tracking replay``
@@ -22,11 +22,9 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 
 from otel_tracking.config.settings import Settings
-from otel_tracking.delivery.log_writer import LogWriter
 from otel_tracking.delivery.pipeline import PROGRESS_AFTER_S, Sink, logger
 from otel_tracking.delivery.reader import LogReader, pending_items, remove_if_delivered
-from otel_tracking.delivery.spool import Spool, sink_spool
-from otel_tracking.signals.steps import StepBatch
+from otel_tracking.delivery.spool import LogWriter, Spool, sink_spool
 
 
 def logs_settings(settings: Settings) -> Settings:
@@ -59,13 +57,6 @@ def writer_for(sinks: Sequence[Any], settings: Settings) -> LogWriter:
     )
 
 
-def as_record(kind: str, payload: Any) -> tuple[str, Any]:
-    """A log() call goes in the log as its values (a ``step`` record), not as OTel metric data."""
-    if kind == "metrics" and isinstance(payload, StepBatch):
-        return "step", payload
-    return kind, payload
-
-
 def count_from_log(sink: Sink, writer: LogWriter, attempts: dict[str, int] | None = None) -> None:
     """A tracker's counts at the end of the run, from its log and its position: spooled (past
     the position), dropped (not written), delivered (the rest); ``attempts``: the export attempts
@@ -92,8 +83,8 @@ def close_log(name: str, writer: LogWriter, ended: bool, exit_code: int) -> None
 
 class LocalTrackers:
     """The trackers of a run without a bridge process: their logs, and a reader for each on a
-    thread of this process.  It is their sinks' transport (``Sink.transport``): ``log()`` hands it
-    each record once, for all of them."""
+    thread of this process.  Their sinks' transport is the logs' writer: ``log()`` hands it each
+    record once, for all of them."""
 
     def __init__(self, sinks: Sequence[Sink], settings: Settings, resource: Resource) -> None:
         settings = logs_settings(settings)
@@ -103,7 +94,7 @@ class LocalTrackers:
         self._finished = False
         self._lock = threading.Lock()
         for sink in self.sinks:
-            sink.transport = self
+            sink.transport, sink.owner = self.writer, self
             if not any(sink.exporters):  # opened with nothing to write to: its log waits for replay
                 continue
             reader = LogReader(
@@ -112,9 +103,6 @@ class LocalTrackers:
             )  # fmt: skip
             self.readers[sink.name] = reader
             reader.start()
-
-    def submit(self, names: Sequence[str], kind: str, payload: Any) -> None:
-        self.writer.append(names, *as_record(kind, payload))
 
     def flush(self, timeout_s: float) -> bool:
         """Every record so far written, and taken by its tracker (or its tracker is failing: the

@@ -1,16 +1,21 @@
 """What every ML tracker shares: turning OTel data back into (step, key, value) records.
 
-Trackers are plain, synchronous OTel exporters.  They work on any ``MetricsData``:
+Trackers are OTel exporters whose every call is one attempt, done when it returns.  From the
+otel-tracking facade they take a ``log()`` call as it is, a :class:`StepRecord` (``export_records``;
+several at once, ``export_many``, for a tracker with a bulk path), never built into OTel metric
+data; as plain metric exporters they work on any ``MetricsData``:
 
-* from the otel-tracking facade, one batch per ``log()`` call, whose first metric is the step gauge
-  ``train.step`` and whose other gauges are named exactly as the caller wrote the keys;
+* one batch per ``log()`` call (``signals/steps.py``: what an older spool record decodes to), whose
+  first metric is the step gauge ``train.step`` and whose other gauges are named exactly as the
+  caller wrote the keys;
 * from someone else's ``PeriodicExportingMetricReader``: then the step is the value of a
   ``train.step`` gauge if the app records one, else the number of exports so far.  A metric with
   several attribute sets becomes one key per set, ``name{k=v,...}``.  Histograms are skipped; sums
   and gauges are logged by value.
 
-The queue, the retries of a failed export and the spool are the delivery layer's (each sink's
-``SinkQueue``, ``delivery/engine.py``): an export makes one attempt and says what did not land.
+What waits, the retries of a failed export and what is kept for replay are the delivery layer's
+(each tracker's log and its reader, ``delivery/reader.py``): an export makes one attempt and says
+what did not land.
 Within that attempt an exporter does what its tracker's API asks: MLflow's opens its run with
 attempts of its own, sends a burst's points as several requests at once (a pool of lanes) and,
 when the server refuses a batch as invalid, sends its items one by one so only the bad one is skipped.
@@ -120,7 +125,7 @@ class SinkParts:
     where: str | None = None  # where the data went, for the end-of-run summary
     resume: dict[str, Any] | None = None  # what open_tracker needs (as context.resume) to reattach to this run
     # The backend did not answer at open (MLflow after its attempts): the run goes on without it,
-    # and everything for it is spooled for ``otel-tracking replay``, counted, never dropped unseen.
+    # and everything for it stays in its log for ``otel-tracking replay``, counted, never dropped unseen.
     unreachable: bool = False
 
 
@@ -279,8 +284,10 @@ class TrackerSession(ABC):
 
     Subclasses open the run (:meth:`open`) and implement the writes.  A write returns True when the
     backend took the data, or refused it for good (counted and warned about by the session: a retry
-    could not change it); False when the backend failed and a retry or the spool may help.  No
-    threads, no queues: the delivery layer around the exporters owns those.
+    could not change it); False when the backend failed and a retry or the spool may help.  One
+    attempt per call: the retries, the pauses and what waits are the delivery layer's (a tracker's
+    log and its reader).  Within the call a session may use threads of its own to send what the
+    backend's API takes in parallel (MLflow's lanes), and must have them done when it returns.
     """
 
     last_step: int = 0  # the latest step written; spans without ``ml.step`` land there

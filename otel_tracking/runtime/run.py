@@ -1,13 +1,15 @@
 """A run: the OTel wiring and lifecycle behind one ``Tracking`` object.
 
-It owns the run's Resource, its sinks (the ML backends, fed one collection per log() call), the
-OTLP path (periodic gauges, batch-exported spans and logs), a TracerProvider and LoggerProvider of
-its own (built here, per process, never installed globally), and the shutdown order:
+It owns the run's Resource, its sinks (the ML backends, each log() call handed to them once, as
+one ``StepBatch``), the OTLP path (periodic gauges, batch-exported spans and logs), a
+TracerProvider and LoggerProvider of its own (built here, per process, never installed globally),
+and the shutdown order:
 
 1. end the OTLP periodic metric export (one last export of the final values);
 2. flush and shut down the span and log providers (pending spans and records reach every sink);
-3. drain every sink's queue, all at once, while its backend makes progress (what a backend that
-   delivered nothing for ``OTEL_TRACKING_FINISH_TIMEOUT`` still holds is spooled, never lost);
+3. deliver what each sink's log or queue still holds while its backend makes progress (what a
+   backend that delivered nothing for ``OTEL_TRACKING_FINISH_TIMEOUT`` still holds is spooled,
+   never lost);
 4. finish each sink: shut down its exporters, end the backend's run with the exit code.
 
 ``finish()`` is idempotent.  A run that was not finished is finished at interpreter exit, and on

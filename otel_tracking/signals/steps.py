@@ -1,13 +1,15 @@
-"""How a log() call becomes OTel metric data.
+"""How a log() call reaches its consumers.
 
-Two shapes, for two kinds of consumer:
-
-* :func:`step_batch` - the per-step collection for ML sinks.  One ``MetricsData`` per ``log()``
-  call, holding only that call's keys (so a key logged every 10 steps appears only at those steps),
-  as gauges named exactly as the caller wrote them, with NaN/inf kept, plus the step gauge
-  ``train.step`` first.  Building the data directly (instead of through the SDK's synchronous gauges
-  and a reader) is what lets one log() be one collection, keeps non-finite values, stamps points
-  with the log() time rather than collection time, and costs a few microseconds per key.
+* :class:`StepBatch` - one ``log()`` call as every sink gets it: the step, its values and its time,
+  a handful of objects.  A tracker's log keeps it as that (``codec.encode_step``); a step exporter
+  takes its :meth:`StepBatch.record`; any other metric exporter gets :func:`step_batch` built from it.
+* :func:`step_batch` - the call as OTel metric data, for a metric exporter that is not ours: one
+  ``MetricsData`` per ``log()`` call, holding only that call's keys (so a key logged every 10
+  steps appears only at those steps), as gauges named exactly as the caller wrote them, with
+  NaN/inf kept, plus the step gauge ``train.step`` first. Building the data directly (instead of
+  through the SDK's synchronous gauges and a reader) is what lets one log() be one collection,
+  keeps non-finite values, stamps points with the log() time rather than collection time, and
+  costs a few microseconds per key.
 * :class:`LatestValues` - the observability view for OTLP: every key's last value as a gauge with
   a valid instrument name, re-reported at each periodic export (what Prometheus expects), and the
   step as the gauge ``train.step``, never as an attribute.
