@@ -389,9 +389,9 @@ BRIDGE_LOST = textwrap.dedent(
         time.sleep(0.01)
     for step in range(21, 31):
         t.log({"loss": float(step)}, step)
-    while t.logger["mlflow"].stats.spooled < 10 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    print(json.dumps({"run_id": t.run_id, "spooled": t.logger["mlflow"].stats.spooled}), flush=True)
+    assert link.wait_handed(60)  # in the log, past the position the dead bridge process left
+    from otel_tracking.delivery.reader import pending_items
+    print(json.dumps({"run_id": t.run_id, "spooled": pending_items(link.writer.logs["mlflow"].path)}), flush=True)
     time.sleep(600)
     """
 )

@@ -178,13 +178,16 @@ def _serve_requests(
 
 def _caught_up(trackers: dict[str, _Tracker], deadline: float) -> bool:
     """Wait until each tracker's reader delivered its log up to where it ends now (or its tracker
-    is failing: the rest waits in the log); False if one was not there by ``deadline``, or has
-    not opened (every tracker is waited for, none skipped)."""
+    is failing, or did not open: the rest waits in the log, for replay); False if one was not
+    there by ``deadline``, or is still opening (every tracker is waited for, none skipped)."""
     ok = True
     for tracker in trackers.values():
+        if tracker.reader is None and tracker.opener is not None:  # opening: waited for, up to the deadline
+            tracker.opener.join(max(0.0, deadline - time.monotonic()))
         reader = tracker.reader
         if reader is None:
-            ok = ok and _size(tracker.log) == 0
+            opening = tracker.opener is not None and tracker.opener.is_alive()
+            ok = ok and not (opening and _size(tracker.log) > 0)
             continue
         path = _last_part(tracker.log)
         ok = reader.caught_up(path, _size(path), max(0.0, deadline - time.monotonic())) and ok

@@ -2,7 +2,7 @@
 
 A :class:`Sink` is one backend (file, console, wandb, OTLP, ...): its exporters (up to three, one per
 signal, sharing a backend session) behind one guarded, counted call, :meth:`Sink.deliver` (and
-:meth:`Sink.deliver_many`, many steps at once for a tracker with a bulk path).  How a record gets
+its bulk path for a tracker that takes many steps at once, which its log's reader calls).  How a record gets
 there depends on the sink:
 
 - file and console are called inline, on the caller's thread: on disk when ``log()`` returns;
@@ -18,7 +18,6 @@ lists them).
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -235,43 +234,12 @@ class Sink:
             else:
                 result = exporters.metrics.export(materialize(payload))
         except Exception as error:
-            self._count_failure(kind, error)
+            self.count_failure(kind, error)
             return False
         if result in _FAILED or getattr(result, "name", "") == "FAILURE":
-            self._count_failure(kind, None)
+            self.count_failure(kind, None)
             return False
         return True
-
-    def deliver_many(self, kind: str, payloads: list[Any], progress: Callable[[], None] = lambda: None) -> list[Any]:
-        """Several queued items in one call, for the queue thread: for each, True when it landed, False
-        when nothing of it did, or the step of what did not (a ``StepBatch`` of those scalars).  An
-        exporter with a bulk path (``export_many``: MLflow packs steps into requests of up to 1,000
-        metrics) gets them all, and calls ``progress()`` as each of its requests lands; any other gets
-        them one by one, and after a failure the rest wait."""
-        bulk = self.exporters.bulk if kind == "metrics" else None
-        if bulk is None or not all(isinstance(payload, StepBatch) for payload in payloads):
-            results: list[Any] = []
-            for payload in payloads:
-                results.append(self.deliver(kind, payload))
-                if results[-1] is not True:
-                    break
-            return results + [False] * (len(payloads) - len(results))
-        try:
-            rests = bulk([payload.record() for payload in payloads], progress)
-        except Exception as error:
-            self._count_failure(kind, error)
-            return [False] * len(payloads)
-        landed: list[Any] = []
-        for payload, rest in zip(payloads, rests, strict=True):
-            if rest is None:
-                landed.append(True)
-            elif len(rest.scalars) >= len(payload.scalars):
-                landed.append(False)
-            else:
-                landed.append(dataclasses.replace(payload, scalars=rest.scalars))
-        if any(result is not True for result in landed):
-            self._count_failure(kind, None)
-        return landed
 
     def _submit(self, kind: str, payload: Any) -> None:
         if self.transport is not None:
@@ -281,7 +249,8 @@ class Sink:
         elif self.deliver(kind, payload):
             self.count("delivered", item_count(kind, payload))
 
-    def _count_failure(self, what: str, error: BaseException | None) -> None:
+    def count_failure(self, what: str, error: BaseException | None) -> None:
+        """An export that failed: counted, and the first one said (scrubbed)."""
         with self._lock:
             self.stats.failed += 1
             first = not self._warned
@@ -334,17 +303,17 @@ class Sink:
             try:
                 flush()
             except Exception as error:
-                self._count_failure("shutdown", error)
+                self.count_failure("shutdown", error)
         for exporter in exporters:
             try:
                 exporter.shutdown()
             except Exception as error:
-                self._count_failure("shutdown", error)
+                self.count_failure("shutdown", error)
         if self._on_finish is not None:
             try:
                 self._on_finish(exit_code)
             except Exception as error:
-                self._count_failure("finish", error)
+                self.count_failure("finish", error)
 
 
 

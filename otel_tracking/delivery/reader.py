@@ -2,7 +2,7 @@
 moved as the tracker takes each record.  The one place that retries, backs off, probes a degraded
 tracker and hands a tracker many steps at once (its bulk path).
 
-    <sink>.jsonl --LogReader (its thread)--> Sink.deliver / deliver_many --> the tracker's exporters
+    <sink>.jsonl --LogReader (its thread)--> Sink.deliver, or the bulk path --> the tracker's exporters
          |                                     retried with backoff; then, while the tracker fails,
          '-- <sink>.jsonl.pos                  once every probe interval (``Policy``)
              (delivery/position.py)
@@ -329,7 +329,7 @@ class LogReader:
         others, narrowed to what of them did not land, are returned."""
         kind = pending[0].kind
         if kind == "metrics":
-            results = self.sink.deliver_many(kind, [entry.payload for entry in pending], self._heard_progress)
+            results = self._deliver_steps([entry.payload for entry in pending])
         elif len(pending) == 1:
             results = [self.sink.deliver(kind, pending[0].payload)]
         else:  # one export for the run of spans or log records
@@ -346,6 +346,38 @@ class LogReader:
                 self._settle(entry, Settled(entry.frame.end, "way" if self.at_most_once else "rest", rest))
             left.append(entry)
         return left
+
+    def _deliver_steps(self, steps: list[Any]) -> list[Any]:
+        """log() calls, for each True when it landed, False when nothing of it did, or the step of
+        what did not (a ``StepBatch`` of those numbers).  A tracker with a bulk path
+        (``export_many``: MLflow packs steps into requests of up to 1,000 metrics) gets them all,
+        and says as each request lands (progress); any other gets them one by one, and after a
+        failure the rest wait (so that its retry does not land after them)."""
+        sink = self.sink
+        bulk = sink.exporters.bulk
+        if bulk is None or not all(isinstance(step, StepBatch) for step in steps):
+            results: list[Any] = []
+            for step in steps:
+                results.append(sink.deliver("metrics", step))
+                if results[-1] is not True:
+                    break
+            return results + [False] * (len(steps) - len(results))
+        try:
+            rests = bulk([step.record() for step in steps], self._heard_progress)
+        except Exception as error:
+            sink.count_failure("metrics", error)
+            return [False] * len(steps)
+        landed: list[Any] = []
+        for step, rest in zip(steps, rests, strict=True):
+            if rest is None:
+                landed.append(True)
+            elif len(rest.scalars) >= len(step.scalars):
+                landed.append(False)
+            else:
+                landed.append(dataclasses.replace(step, scalars=rest.scalars))
+        if any(result is not True for result in landed):
+            sink.count_failure("metrics", None)
+        return landed
 
     def _hand(self, group: list[_Entry]) -> None:
         """(At most once.)  The group is on its way: a reader killed now leaves it in doubt."""
