@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -36,6 +37,9 @@ from otel_tracking.delivery.spool import LogWriter, Spool, read_spool
 from otel_tracking.delivery.tracker_logs import count_from_log
 from otel_tracking.exporters._base import SinkParts
 from otel_tracking.signals.steps import StepBatch
+
+# A killed reader's thread ends with Killed, on purpose: pytest need not warn about each.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 
 RESOURCE = Resource({})
 KEYS = ("a", "b", "c")

@@ -297,7 +297,7 @@ def build_settings(
         start_timeout_s=_number(e, "OTEL_TRACKING_START_TIMEOUT", 5.0, minimum=0.0),
         bridge_process=_bool(e, "OTEL_TRACKING_BRIDGE_PROCESS", default=True),
         spool_dir=paths.spool_dir(project, experiment, run_id, e),
-        spool_max_bytes=int(_number(e, "OTEL_TRACKING_SPOOL_MAX_MB", 1024, minimum=1)) << 20,
+        spool_max_bytes=int(_number(e, "OTEL_TRACKING_SPOOL_MAX_MB", 1024, minimum=1) * (1 << 20)),
         file_path=paths.file_sink_path(project, experiment, e),
         tensorboard_dir=paths.tensorboard_dir(project, experiment, e),
         role=e.get("OTEL_TRACKING_ROLE") or None,
