@@ -45,9 +45,7 @@ def test_the_page_counts_at_most_ten_hops_and_names_functions_that_exist() -> No
         _code(path, qualname)  # raises when the page names something that is not there
 
 
-def test_a_real_log_goes_through_every_hop_in_the_pages_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_real_log_goes_through_every_hop_in_the_pages_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("OTEL_TRACKING_SPOOL_DIR", str(tmp_path / "spool"))
     monkeypatch.setenv("OTEL_TRACKING_BRIDGE_PROCESS", "false")
@@ -75,4 +73,3 @@ def test_a_real_log_goes_through_every_hop_in_the_pages_order(
     assert loops <= set(first) and set(steps) == set(first), (first, steps)
     called = [qualname for qualname in sorted(first, key=first.__getitem__) if qualname not in loops]
     assert called == [qualname for qualname in steps if qualname not in loops], (first, steps)
-

@@ -116,9 +116,7 @@ def serve(inbox: Connection, outbox: Connection, parent: int) -> int:
     return 1
 
 
-def _open_tracker(
-    tracker: _Tracker, settings: Settings, config: RunConfig, resource: Any, replies: _Outbox
-) -> None:
+def _open_tracker(tracker: _Tracker, settings: Settings, config: RunConfig, resource: Any, replies: _Outbox) -> None:
     """Open one tracker (a slow or hung one delays no other), tell the training process how it
     went, and start the reader of its log."""
     from otel_tracking.delivery.registry import import_sdk, open_checked_tracker

@@ -44,6 +44,8 @@ _HURRY_POLL_S = 0.25  # how soon a drain that waits notices HURRY
 
 _MERGEABLE = ("spans", "logs")  # consecutive items of these kinds go out in one export call
 _MAX_MERGE = 512
+
+
 def set_aside(sink: str, spool: Spool | None, kind: str, payload: Any, count: Callable[[str, int], None]) -> str:
     """Keep what a sink cannot deliver now in its spool (counted ``spooled``); with no spool, or
     one that cannot be written, the items are lost and counted ``dropped``.  Which of the two."""

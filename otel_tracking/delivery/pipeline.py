@@ -316,7 +316,6 @@ class Sink:
                 self.count_failure("finish", error)
 
 
-
 def export_to(sinks: Sequence[Sink], kind: str, payload: Any) -> None:
     """Hand one item ("metrics" or "spans") to each of ``sinks`` that takes it; the sinks of one
     transport (the trackers in the bridge process) get it as one message for all of them."""

@@ -305,10 +305,9 @@ def item_count(kind: str, payload: Any) -> int:
     one each."""
     return len(payload) if kind in ("spans", "logs") else 1
 
+
 CAPACITY = 10_000  # records waiting for the writer thread before append() writes them itself
 MAX_BYTES = 1 << 30  # a sink's parts on disk, at most (OTEL_TRACKING_SPOOL_MAX_MB)
-
-
 
 
 class LogWriter:
