@@ -2,6 +2,8 @@
 
     python bench/bench_log.py                      # every case, writes bench/results/
     python bench/bench_log.py --cases a,b --steps 1000
+    python bench/bench_log.py --cases a,c,f --checkouts before=../wt-before,after=. --checkout-rounds 2
+    python bench/bench_log.py --cold-rounds 10 --writeback --checkouts before=../wt-before,after=.
 
 Cases (200 metrics per step, verl-style keys, stdout to /dev/null so the terminal is not measured):
 
@@ -50,7 +52,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("OTEL_TRACKING_SHARED", REPO.parent / "shared"))
 RESULTS = REPO / "bench" / "results"
+# OTEL_TRACKING_BENCH_CHECKOUT: the otel-tracking checkout to measure (first on the path, and so in
+# the bridge process's); the harness, the reference and the servers stay this one's.  Set by
+# --checkouts, which runs each case once per checkout in a fresh interpreter.
+CHECKOUT = Path(os.environ.get("OTEL_TRACKING_BENCH_CHECKOUT") or REPO).resolve()
 sys.path.insert(0, str(REPO))
+if CHECKOUT != REPO:
+    sys.path.insert(0, str(CHECKOUT))
 
 
 def workload(steps: int, metrics: int, seed: int = 0) -> list[dict[str, float]]:
@@ -96,8 +104,10 @@ def reference_factory() -> Callable[..., Any]:
 
 
 def ours_factory() -> Callable[..., Any]:
+    import otel_tracking
     from otel_tracking import Tracking
 
+    assert Path(otel_tracking.__file__).resolve().is_relative_to(CHECKOUT), (otel_tracking.__file__, CHECKOUT)
     return Tracking
 
 
@@ -396,6 +406,464 @@ def rss(root: Path) -> dict[str, float]:
     return {"rss_mb_10k": at_10k, "rss_mb_100k": at_100k, "growth": at_100k / at_10k - 1}
 
 
+def load() -> str:
+    """The machine's load average (1, 5, 15 min): others share it, a run notes what it ran beside."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# --- the cold path and log() under writeback, across checkouts ---------------------------------
+#
+# Each run is a fresh interpreter with the measured checkout first on its path and in PYTHONPATH
+# (the bridge process inherits it), so one invocation compares checkouts (--checkouts
+# before=<worktree>,after=<worktree>) round by round under the same conditions.
+
+TRACKERS_OURS = ["tensorboard", "mlflow"]  # the ML trackers the delivery path is for
+TRACKERS_REFERENCE = ["mlflow"]  # the reference's TensorBoard needs torch
+
+CHILD = r"""
+import contextlib, json, os, sys, time
+spec = json.loads(sys.argv[1])
+sys.path.insert(0, spec["checkout"])
+data = json.loads(open(spec["data"]).read())[: spec["steps"]]
+t = time.perf_counter()
+if spec["impl"] == "reference":
+    from tests import reference
+    Tracking = reference.load(__import__("pathlib").Path(spec["shared"]))[0].Tracking
+    where = "reference"
+else:
+    from otel_tracking import Tracking
+    import otel_tracking
+    where = otel_tracking.__file__
+out = {"import_s": time.perf_counter() - t, "module": where}
+
+def cpu_children():
+    times = os.times()
+    return times.children_user + times.children_system
+
+def children():
+    found = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            found |= set(open(f"/proc/self/task/{task}/children").read().split())
+    return found
+
+with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+    w0, c0 = time.perf_counter(), time.process_time()
+    tracking = Tracking("bench", spec["experiment"], default_backend=spec["backends"], config={"trainer": {"lr": 1e-6}})
+    w1, c1 = time.perf_counter(), time.process_time()
+    latencies = []
+    for step, values in enumerate(data):
+        if spec["pace_s"]:
+            time.sleep(spec["pace_s"])  # the training step's compute
+        s0 = time.perf_counter()
+        tracking.log(values, step)
+        latencies.append(time.perf_counter() - s0)
+    w2, c2 = time.perf_counter(), time.process_time()
+    if spec["drain_s"] and hasattr(tracking, "flush"):
+        tracking.flush(timeout_s=spec["drain_s"])
+    w3, c3 = time.perf_counter(), time.process_time()
+    counts = tracking.finish()
+    w4, c4 = time.perf_counter(), time.process_time()
+    deadline = time.monotonic() + 60
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.05)  # a bridge process reaped in the background: its CPU counts once reaped
+out.update(
+    construct_s=w1 - w0, construct_cpu_s=c1 - c0, log_s=w2 - w1, log_cpu_s=c2 - c1, drain_s=w3 - w2,
+    finish_s=w4 - w3, finish_cpu_s=c4 - c3, total_s=w4 - w0, total_cpu_s=c4 - c0,
+    children_cpu_s=cpu_children(), latencies=latencies,
+    counts=counts if isinstance(counts, dict) else None,
+)
+with open(spec["out"], "w") as f:
+    json.dump(out, f)
+"""
+
+
+@dataclass
+class Side:
+    """One implementation measured in a fresh interpreter: a checkout of ours in a mode, or the reference."""
+
+    label: str
+    impl: str  # "ours" or "reference"
+    checkout: Path
+    bridge_process: bool = True
+
+    @property
+    def backends(self) -> list[str]:
+        return TRACKERS_REFERENCE if self.impl == "reference" else TRACKERS_OURS
+
+
+def sides(checkouts: str, modes: list[bool], reference: bool) -> list[Side]:
+    """``name=path,...`` checkouts, each in each mode (bridge process or not), then the reference."""
+    result = []
+    for bridge in modes:
+        for item in checkouts.split(","):
+            name, _, path = item.partition("=")
+            mode = "bridge process" if bridge else "BRIDGE_PROCESS=false"
+            result.append(Side(f"{name} ({mode})", "ours", Path(path or name).resolve(), bridge))
+    if reference:
+        result.append(Side("reference (verl)", "reference", REPO))
+    return result
+
+
+def run_child(side: Side, root: Path, data_file: Path, name: str, steps: int, pace_s: float, drain_s: float) -> dict:
+    run_root = root / name
+    environment = {**os.environ, **local_backend_env(run_root)}
+    environment.update(
+        PYTHONPATH=str(side.checkout),
+        MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}",
+        TENSORBOARD_DIR=str(run_root / "tensorboard"),
+        VERL_FILE_LOGGER_ROOT=str(run_root),
+        OTEL_TRACKING_BRIDGE_PROCESS="true" if side.bridge_process else "false",
+    )
+    out = run_root / "out.json"
+    spec = {
+        "checkout": str(side.checkout),
+        "shared": str(SHARED),
+        "impl": side.impl,
+        "backends": side.backends,
+        "experiment": name,
+        "data": str(data_file),
+        "steps": steps,
+        "pace_s": pace_s,
+        "drain_s": drain_s,
+        "out": str(out),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(spec)], env=environment, cwd=run_root, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{side.label}: {done.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    if side.impl == "ours":
+        assert result["module"].startswith(str(side.checkout)), f"{side.label} ran {result['module']}"
+    return result
+
+
+def prepare(root: Path, steps: int, metrics: int) -> Path:
+    """The workload as a file every run reads, and the MLflow store made once (its tables are
+    created by the first client: not a cost of any measured run)."""
+    root.mkdir(parents=True, exist_ok=True)
+    data_file = root / "data.json"
+    data_file.write_text(json.dumps(workload(steps, metrics)))
+    from mlflow.tracking import MlflowClient
+
+    with env(MLFLOW_DISABLE_TELEMETRY="true"):
+        client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+        if client.get_experiment_by_name("bench") is None:
+            client.create_experiment("bench")
+    return data_file
+
+
+def cold(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Tracking() + the first log() + finish(), each round in a fresh interpreter, sides rotated."""
+    everyone = sides(args.checkouts, [True, False], reference=True)
+    data_file = prepare(root, 1, args.metrics)
+    runs: dict[str, list[dict]] = {s.label: [] for s in everyone}
+    loads = [load()]
+    for index, side in enumerate(everyone):  # one unmeasured round each: files in the page cache, .pyc written
+        run_child(side, root, data_file, f"cold-warm-{index}", 1, 0.0, 0.0)
+    for round_index in range(args.cold_rounds):
+        order = everyone[round_index % len(everyone) :] + everyone[: round_index % len(everyone)]
+        for side in order:
+            name = f"cold-{round_index}-{everyone.index(side)}"
+            runs[side.label].append(run_child(side, root, data_file, name, 1, 0.0, 0.0))
+        print(f"cold round {round_index + 1}/{args.cold_rounds} done, load {load()}", file=sys.stderr, flush=True)
+    loads.append(load())
+    fields = ("import_s", "construct_s", "construct_cpu_s", "latencies", "finish_s", "finish_cpu_s", "total_s")
+    fields += ("total_cpu_s", "children_cpu_s")
+    table = {}
+    for side in everyone:
+        rows = runs[side.label]
+        table[side.label] = {
+            "backends": side.backends,
+            "rounds": len(rows),
+            **{
+                key: {
+                    "median_ms": statistics.median(_first(r[key]) for r in rows) * 1e3,
+                    "max_ms": max(_first(r[key]) for r in rows) * 1e3,
+                }
+                for key in fields
+            },
+            "per_round": [{key: _first(r[key]) for key in fields} for r in rows],
+        }
+    return {"sides": table, "load": loads}
+
+
+def _first(value: Any) -> float:
+    return value[0] if isinstance(value, list) else value
+
+
+class DirtyPages:
+    """Samples the kernel's dirty and under-writeback memory (/proc/meminfo) every 0.2 s."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> DirtyPages:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.samples.append(meminfo_mb("Dirty", "Writeback"))
+
+    def summary(self) -> dict[str, float]:
+        if not self.samples:
+            return {}
+        dirty, writeback = zip(*self.samples, strict=True)
+        return {
+            "dirty_mb_median": statistics.median(dirty),
+            "dirty_mb_max": max(dirty),
+            "writeback_mb_median": statistics.median(writeback),
+            "writeback_mb_max": max(writeback),
+        }
+
+
+def meminfo_mb(*names: str) -> tuple[float, ...]:
+    values = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        values[key] = int(rest.split()[0]) / 1024
+    return tuple(values[n] for n in names)
+
+
+@contextlib.contextmanager
+def writeback_load(where: Path, size_mb: int) -> Iterator[Path]:
+    """A process rewriting a ``size_mb`` file over and over (dd, then its fsync), so that the
+    kernel is writing dirty pages back the whole time; stopped and the file removed after."""
+    import shutil
+    import signal
+
+    free_mb = shutil.disk_usage(where).free / 2**20
+    if size_mb > 0.3 * free_mb:
+        raise SystemExit(f"--writeback-mb {size_mb} is over 30% of the {free_mb:.0f} MB free under {where}")
+    big, dd_log = where / "writeback.big", where / "writeback-dd.log"
+    script = f"while :; do dd if=/dev/zero of={big} bs=1M count={size_mb} conv=notrunc,fsync 2>>{dd_log}; done"
+    writer = subprocess.Popen(["nice", "-n", "5", "bash", "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while sum(meminfo_mb("Dirty", "Writeback")) < min(1024, size_mb / 2) and time.monotonic() < deadline:
+            time.sleep(0.5)  # until the kernel has a backlog to write back
+        yield dd_log
+    finally:
+        os.killpg(writer.pid, signal.SIGTERM)
+        writer.wait()
+        big.unlink(missing_ok=True)
+
+
+def writeback(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """log() p50/p99/max with the ML trackers, quiet and while the kernel writes back dirty pages."""
+    everyone = sides(args.checkouts, [True, False], reference=not args.no_reference)
+    data_file = prepare(root, max(args.writeback_steps, args.writeback_ref_steps), args.metrics)
+    phases: dict[str, Any] = {}
+    for phase in ("quiet", "writeback"):
+        results: dict[str, Any] = {}
+        context = writeback_load(root, args.writeback_mb) if phase == "writeback" else contextlib.nullcontext()
+        with context as dd_log:
+            started = load()
+            for side in everyone:
+                steps = args.writeback_ref_steps if side.impl == "reference" else args.writeback_steps
+                name = f"{phase}-{everyone.index(side)}"
+                with DirtyPages() as pages:
+                    before = load()
+                    r = run_child(
+                        side, root, data_file, name, steps, args.writeback_pace_ms / 1e3, args.writeback_drain_s
+                    )
+                lat = r["latencies"]
+                results[side.label] = {
+                    "backends": side.backends,
+                    "steps": len(lat),
+                    "p50_ms": percentile(lat, 50) * 1e3,
+                    "p99_ms": percentile(lat, 99) * 1e3,
+                    "max_ms": max(lat) * 1e3,
+                    "over_10ms": sum(1 for x in lat if x > 0.010),
+                    "construct_ms": r["construct_s"] * 1e3,
+                    "drain_ms": r["drain_s"] * 1e3,
+                    "finish_ms": r["finish_s"] * 1e3,
+                    "counts": r["counts"],
+                    "pages": pages.summary(),
+                    "load": before,
+                }
+                if "mlflow" in side.backends:
+                    data = json.loads(data_file.read_text())[:steps]
+                    results[side.label]["mlflow_read_back"] = mlflow_values(
+                        f"sqlite:///{root / 'mlflow.db'}", name, data
+                    )
+                print(f"writeback {phase} {side.label}: {results[side.label]}", file=sys.stderr, flush=True)
+            dd = dd_log.read_text().splitlines()[-3:] if dd_log is not None and dd_log.exists() else []
+        phases[phase] = {"sides": results, "load": [started, load()], "dd": dd}
+    return {
+        "phases": phases,
+        "steps": args.writeback_steps,
+        "pace_ms": args.writeback_pace_ms,
+        "size_mb": args.writeback_mb,
+        "dirty_threshold_mb": _vmstat_pages("nr_dirty_threshold") * os.sysconf("SC_PAGE_SIZE") / 2**20,
+        "dirty_background_threshold_mb": _vmstat_pages("nr_dirty_background_threshold")
+        * os.sysconf("SC_PAGE_SIZE")
+        / 2**20,
+    }
+
+
+def _vmstat_pages(name: str) -> int:
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return int(value)
+    return 0
+
+
+def compare_cases(args: argparse.Namespace) -> dict[str, Any]:
+    """Each case once per checkout per round, in a fresh interpreter (this harness, the measured
+    checkout's otel_tracking), checkouts rotated round by round: before and after side by side
+    under the same conditions, each beside its own run of the reference."""
+    checkouts = [
+        (name, Path(path or name).resolve()) for name, _, path in (c.partition("=") for c in args.checkouts.split(","))
+    ]
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for key in filter(None, args.cases.split(",")):
+            runs[key] = {name: [] for name, _ in checkouts}
+            for round_index in range(args.checkout_rounds):
+                shift = round_index % len(checkouts)
+                for name, path in checkouts[shift:] + checkouts[:shift]:
+                    out = Path(tmp) / f"{key}-{name}-{round_index}.json"
+                    command = [
+                        sys.executable,
+                        __file__,
+                        "--cases",
+                        key,
+                        "--no-save",
+                        "--no-rss",
+                        "--json-out",
+                        str(out),
+                    ]
+                    command += [
+                        "--steps",
+                        str(args.steps),
+                        "--metrics",
+                        str(args.metrics),
+                        "--rounds",
+                        str(args.rounds),
+                    ]
+                    command += ["--paced-steps", str(args.paced_steps), "--pace-ms", str(args.pace_ms)]
+                    environment = {**os.environ, "OTEL_TRACKING_BENCH_CHECKOUT": str(path), "PYTHONPATH": str(path)}
+                    subprocess.run(command, env=environment, check=True, stdout=subprocess.DEVNULL)
+                    runs[key][name].append(json.loads(out.read_text())["cases"][key])
+                    print(f"case {key} {name} round {round_index + 1} done, load {load()}", file=sys.stderr, flush=True)
+    return runs
+
+
+def render_compare(report: dict[str, Any]) -> str:
+    lines = [
+        f"## Checkouts side by side: {', '.join(report['checkouts'])}",
+        "",
+        "Each case once per checkout per round, a fresh interpreter each, checkouts rotated round by round; "
+        "each run beside its own run of the reference. ours/ref: the ratio within that run.",
+        "",
+        "| case | checkout | round | ours p50 ms | ours p99 ms | ref p50 ms | ref p99 ms | ours/ref p50 | "
+        "ours/ref p99 | drain ms | finish() ms | values read back |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, by_checkout in report["compare"].items():
+        for name, rounds in by_checkout.items():
+            for index, s in enumerate(rounds):
+                o, r = s["otel_tracking"], s["reference"]
+                arrived = ", ".join(f"{k} {v}" for k, v in o["arrived"].items() if k != "expected_per_backend")
+                lines.append(
+                    f"| {key}: {s['title']} | {name} | {index + 1} | {o['p50_ms']:.3f} | {o['p99_ms']:.3f} | "
+                    f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {s['ratio']['p50_ms']:.3g} | "
+                    f"{s['ratio']['p99_ms']:.3g} | {o['drain_ms']:.0f} | {o['finish_ms']:.0f} | "
+                    f"{arrived} of {o['arrived']['expected_per_backend']} |"
+                )
+    lines += [
+        "",
+        "Median over the rounds, ours:",
+        "",
+        "| case | " + " | ".join(f"{name} p50 ms | {name} p99 ms" for name in report["checkouts"]) + " |",
+        "|---|" + "---|---|" * len(report["checkouts"]),
+    ]
+    for key, by_checkout in report["compare"].items():
+        cells = []
+        for name in report["checkouts"]:
+            rounds = by_checkout[name]
+            cells += [f"{statistics.median(s['otel_tracking'][k] for s in rounds):.3f}" for k in ("p50_ms", "p99_ms")]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_cold(report: dict[str, Any]) -> str:
+    c = report["cold"]
+    sides_ = c["sides"]
+    rounds = next(iter(sides_.values()))["rounds"]
+    lines = [
+        f"## Cold path: Tracking() + first log() + finish(), a fresh interpreter each round ({rounds} rounds, "
+        "sides rotated round by round)",
+        "",
+        "Trackers: ours " + ", ".join(TRACKERS_OURS) + " (MLflow: local sqlite store, made before the rounds); "
+        "the reference " + ", ".join(TRACKERS_REFERENCE) + ". Wall and CPU in ms, median (max) of the rounds; "
+        "CPU = the training process's; bridge CPU = the processes it started (waited for after finish()).",
+        "",
+        "| side | import | Tracking() wall | Tracking() CPU | first log() wall | finish() wall | finish() CPU | "
+        "total wall | total CPU | bridge CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    keys = ("import_s", "construct_s", "construct_cpu_s", "latencies", "finish_s", "finish_cpu_s", "total_s")
+    keys += ("total_cpu_s", "children_cpu_s")
+    for label, s in sides_.items():
+        cells = [f"{s[k]['median_ms']:.1f} ({s[k]['max_ms']:.1f})" for k in keys]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", f"load average (1, 5, 15 min): {c['load'][0]} before, {c['load'][1]} after"]
+    return "\n".join(lines)
+
+
+def render_writeback(report: dict[str, Any]) -> str:
+    w = report["writeback"]
+    lines = [
+        f"## log() while the kernel writes back dirty pages: {w['steps']} steps x {report['metrics_per_step']} "
+        f"metrics, one every {w['pace_ms']:.0f} ms",
+        "",
+        f"writeback: a process rewriting a {w['size_mb']} MB file in a loop (dd bs=1M conv=notrunc,fsync) on the "
+        "disk of the spool and the MLflow store; the kernel's dirty limits here: "
+        f"{w['dirty_background_threshold_mb']:.0f} MB (background writeback), {w['dirty_threshold_mb']:.0f} MB "
+        "(writers throttled). Ours: "
+        + ", ".join(TRACKERS_OURS)
+        + " (sqlite); reference: "
+        + ", ".join(TRACKERS_REFERENCE)
+        + " (sqlite), fewer steps (it blocks per log()).",
+        "",
+        "| phase | side | steps | log p50 ms | log p99 ms | log max ms | > 10 ms | Tracking() ms | drain ms | "
+        "finish() ms | MLflow values read back | Dirty / Writeback MB (median, max) | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for phase, p in w["phases"].items():
+        for label, r in p["sides"].items():
+            pg = r["pages"]
+            pages = (
+                f"{pg['dirty_mb_median']:.0f} / {pg['writeback_mb_median']:.0f} "
+                f"({pg['dirty_mb_max']:.0f} / {pg['writeback_mb_max']:.0f})"
+                if pg
+                else "-"
+            )
+            lines.append(
+                f"| {phase} | {label} | {r['steps']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['max_ms']:.1f} | "
+                f"{r['over_10ms']} | {r['construct_ms']:.0f} | {r['drain_ms']:.0f} | {r['finish_ms']:.0f} | "
+                f"{r.get('mlflow_read_back', '-')} of {r['steps'] * report['metrics_per_step']} | {pages} | "
+                f"{r['load']} |"
+            )
+    for phase, p in w["phases"].items():
+        if p["dd"]:
+            lines.append(f"\n{phase}: dd's last lines: " + " / ".join(p["dd"]))
+    return "\n".join(lines)
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()}
     with contextlib.suppress(OSError):
@@ -419,7 +887,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per implementation in case a")
     parser.add_argument("--paced-steps", type=int, default=200, help="steps in case f")
     parser.add_argument("--pace-ms", type=float, default=250.0, help="compute time per step in case f")
-    parser.add_argument("--cases", default="a,b,c,d,e,f")
+    parser.add_argument("--cases", help="default a,b,c,d,e,f; none with --cold-rounds or --writeback")
     parser.add_argument("--add-to", type=Path, help="merge this run's cases into a saved results JSON")
     parser.add_argument("--no-rss", action="store_true")
     parser.add_argument("--no-save", action="store_true")
@@ -429,7 +897,39 @@ def main() -> int:
         help="save as bench/results/<date>-<label>.json and .md, leaving latest.md and the day's full run alone "
         "(for a run of some cases)",
     )
+    parser.add_argument(
+        "--checkouts",
+        default=f"this={REPO}",
+        help="for --cold-rounds and --writeback: name=path,... checkouts of otel-tracking, each run in a fresh "
+        "interpreter with it first on the path (e.g. before=../wt-before,after=.)",
+    )
+    parser.add_argument(
+        "--cold-rounds",
+        type=int,
+        default=0,
+        help="the cold path: Tracking() + first log() + finish() (wall, CPU), a fresh interpreter each round",
+    )
+    parser.add_argument(
+        "--writeback",
+        action="store_true",
+        help="log() p50/p99/max with tensorboard+mlflow, quiet and while a process rewrites a large file",
+    )
+    parser.add_argument("--writeback-mb", type=int, default=4000, help="the file rewritten (at most 30%% of free)")
+    parser.add_argument("--writeback-steps", type=int, default=1000)
+    parser.add_argument("--writeback-ref-steps", type=int, default=150, help="the reference blocks per log()")
+    parser.add_argument("--writeback-pace-ms", type=float, default=20.0)
+    parser.add_argument("--writeback-drain-s", type=float, default=30.0, help="flush() budget before finish()")
+    parser.add_argument("--no-reference", action="store_true", help="--writeback without the reference")
+    parser.add_argument(
+        "--checkout-rounds",
+        type=int,
+        default=0,
+        help="with --checkouts and --cases: run each case this many times per checkout, side by side",
+    )
+    parser.add_argument("--json-out", type=Path, help="also write this run's report here (used by --checkout-rounds)")
     args = parser.parse_args()
+    if args.cases is None:
+        args.cases = "" if (args.cold_rounds or args.writeback) else "a,b,c,d,e,f"
     if args.render:
         print(render(json.loads(args.render.read_text())))
         return 0
@@ -448,12 +948,23 @@ def main() -> int:
         root = Path(tmp)
         cwd = os.getcwd()
         try:
-            for key in args.cases.split(","):
+            if args.checkout_rounds:
+                report["checkouts"] = [c.partition("=")[0] for c in args.checkouts.split(",")]
+                report["compare"] = compare_cases(args)
+                args.cases = ""
+            for key in filter(None, args.cases.split(",")):
                 rounds = args.rounds if key == "a" else 1
+                load_before = load()
                 report["cases"][key] = run_case(
                     key, CASES[key], data, slow_data, rounds, root, data[: args.paced_steps], args.pace_ms / 1e3
                 )
+                report["cases"][key]["load"] = [load_before, load()]
                 print(render({**report, "cases": {key: report["cases"][key]}}), file=sys.stderr, flush=True)
+            if args.cold_rounds:
+                report["cold"] = cold(args, root / "cold")
+                print(render_cold(report), file=sys.stderr, flush=True)
+            if args.writeback:
+                report["writeback"] = writeback(args, root / "writeback")
         finally:
             os.chdir(cwd)
         if not args.no_rss:
@@ -464,6 +975,8 @@ def main() -> int:
         if "memory" in report:
             saved["memory"] = report["memory"]
         report = saved
+    if args.json_out:
+        args.json_out.write_text(json.dumps(report))
     text = render(report)
     print(text)
     if not args.no_save:
@@ -490,10 +1003,14 @@ def render(report: dict[str, Any]) -> str:
         f"`import otel_tracking`: {report['import_otel_tracking_ms']:.1f} ms; "
         f"`from otel_tracking import Tracking`: {report['import_tracking_facade_ms']:.1f} ms "
         "(median of 5 fresh interpreters, every backend installed)",
-        "",
-        "| case | impl | steps | log p50 ms | log p99 ms | Tracking() ms | drain ms | finish() ms | values read back |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    if report["cases"]:
+        lines += [
+            "",
+            "| case | impl | steps | log p50 ms | log p99 ms | Tracking() ms | drain ms | finish() ms "
+            "| values read back |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
     for key, s in report["cases"].items():
         for name in ("reference", "otel_tracking"):
             r = s[name]
@@ -512,9 +1029,18 @@ def render(report: dict[str, Any]) -> str:
             f"RSS (file+console): {mem['rss_mb_10k']:.1f} MB at 10k steps, {mem['rss_mb_100k']:.1f} MB "
             f"at 100k steps ({mem['growth'] * 100:+.1f}%)",
         ]
+    loads = [f"{key} {s['load'][0]} -> {s['load'][1]}" for key, s in report["cases"].items() if "load" in s]
+    if loads:
+        lines += ["", "load average (1, 5, 15 min) before -> after each case: " + "; ".join(loads)]
     notes = [n for s in report["cases"].values() for n in s["notes"]]
     if notes:
         lines += ["", *[f"- {n}" for n in notes]]
+    if "compare" in report:
+        lines += ["", render_compare(report)]
+    if "cold" in report:
+        lines += ["", render_cold(report)]
+    if "writeback" in report:
+        lines += ["", render_writeback(report)]
     return "\n".join(lines)
 
 
