@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from otel_tracking.config.trackers import TRACKERS
 from otel_tracking.exporters.file import read_anatomy
 
-BACKEND_SDKS = ["wandb", "mlflow", "swanlab", "clearml", "trackio", "tensorboard", "torch", "pandas", "numpy"]
+# every tracker's SDK (a new tracker's too) and the heavy packages they bring
+BACKEND_SDKS = sorted({tracker.sdk for tracker in TRACKERS.values()} | {"torch", "pandas", "numpy"})
 
 
 def test_import_is_lazy() -> None:
@@ -33,10 +35,11 @@ def test_entry_points_are_registered_and_load() -> None:
     from opentelemetry.sdk.metrics.export import MetricExporter
     from opentelemetry.sdk.trace.export import SpanExporter
 
+    trackers = set(TRACKERS)  # every tracker, by its backend name, for each signal
     expected = {
-        "opentelemetry_metrics_exporter": (MetricExporter, {"file", "ml_console"}),
-        "opentelemetry_traces_exporter": (SpanExporter, {"file"}),
-        "opentelemetry_logs_exporter": (LogRecordExporter, {"file"}),
+        "opentelemetry_metrics_exporter": (MetricExporter, {"file", "ml_console"} | trackers),
+        "opentelemetry_traces_exporter": (SpanExporter, {"file"} | trackers),
+        "opentelemetry_logs_exporter": (LogRecordExporter, {"file"} | trackers),
     }
     for group, (base, names) in expected.items():
         found = {ep.name: ep for ep in entry_points(group=group) if ep.value.startswith("otel_tracking.")}

@@ -14,21 +14,8 @@ import os
 from collections.abc import Mapping
 
 from otel_tracking.config.settings import ConfigError, Settings
+from otel_tracking.config.trackers import TRACKERS
 from otel_tracking.signals.redact import scrub_text
-
-# The variables that say where a tracker writes (never its credentials): the spool header keeps
-# their values at the run's start (``destination``), so that replay goes where the run was
-# configured to go, even when the tracker never opened.  Directories are kept absolute.
-DESTINATION_VARIABLES: dict[str, tuple[str, ...]] = {
-    "mlflow": ("MLFLOW_TRACKING_URI",),
-    "tensorboard": ("TENSORBOARD_DIR",),
-    "wandb": ("WANDB_MODE", "WANDB_DIR", "WANDB_BASE_URL", "WANDB_ENTITY"),
-    "vemlp_wandb": ("MLP_TRACKING_REGION",),
-    "trackio": ("TRACKIO_DIR", "TRACKIO_SERVER_URL"),
-    "swanlab": ("SWANLAB_MODE", "SWANLAB_LOG_DIR"),
-    "clearml": ("CLEARML_API_HOST", "CLEARML_WEB_HOST", "CLEARML_FILES_HOST", "CLEARML_OFFLINE_MODE"),
-}
-DIRECTORY_VARIABLES = ("TENSORBOARD_DIR", "WANDB_DIR", "TRACKIO_DIR", "SWANLAB_LOG_DIR")
 
 
 def destination(name: str, settings: Settings) -> dict[str, str | None]:
@@ -37,12 +24,13 @@ def destination(name: str, settings: Settings) -> dict[str, str | None]:
     too, as they depend on the working directory).  A value with credentials in it is kept as
     None: replay then needs the variable set."""
     env = settings.env
+    tracker = TRACKERS.get(name)
     found: dict[str, str | None] = {}
-    for variable in DESTINATION_VARIABLES.get(name, ()):
+    for variable in tracker.destination if tracker else ():
         value = env.get(variable)
         if value is None:
             continue
-        if variable in DIRECTORY_VARIABLES:
+        if tracker and variable in tracker.directories:
             value = os.path.abspath(os.path.expanduser(value))
         found[variable] = value if scrub_text(value) == value else None
     if name == "tensorboard" and settings.tensorboard_dir is not None:

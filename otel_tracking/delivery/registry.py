@@ -20,46 +20,14 @@ from typing import Any
 
 from otel_tracking.config.run_config import RunConfig, restart_step
 from otel_tracking.config.settings import ConfigError, Settings
+from otel_tracking.config.trackers import SUPPORTED_BACKENDS, TRACKERS
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.exporters._base import SinkParts
-
-SUPPORTED_BACKENDS: tuple[str, ...] = (
-    "wandb",
-    "mlflow",
-    "swanlab",
-    "vemlp_wandb",
-    "tensorboard",
-    "console",
-    "clearml",
-    "trackio",
-    "file",
-    "rl_insight",
-)
 
 # Sinks that print or create files the moment they are built: a run builds them last, so that a
 # Tracking() that fails leaves nothing written.
 WRITTEN_AT_ONCE = ("file", "console")
 
-# backend name -> module under otel_tracking.exporters
-_TRACKERS = {
-    "wandb": "wandb",
-    "vemlp_wandb": "vemlp_wandb",
-    "mlflow": "mlflow",
-    "swanlab": "swanlab",
-    "tensorboard": "tensorboard",
-    "clearml": "clearml",
-    "trackio": "trackio",
-}
-# backend name -> the top-level package of its SDK (the extra of the same name installs it)
-_SDKS = {
-    "wandb": "wandb",
-    "vemlp_wandb": "volcengine_ml_platform",  # no extra of ours installs this one
-    "mlflow": "mlflow",
-    "swanlab": "swanlab",
-    "tensorboard": "tensorboard",
-    "clearml": "clearml",
-    "trackio": "trackio",
-}
 logger = logging.getLogger("otel_tracking")
 
 # a signal -> the SinkParts field of its exporter
@@ -116,7 +84,7 @@ def open_tracker(
     name: str, settings: Settings, config: RunConfig, resume: Any = None, in_bridge_process: bool = False
 ) -> SinkParts:
     """Open one tracker's run (this may take long: imports, a server); its exporters."""
-    if name not in _TRACKERS:
+    if name not in TRACKERS:
         raise ConfigError(f"{name!r} is not a backend; supported: {', '.join(SUPPORTED_BACKENDS)}")
     check_tracker(name, settings)
     from otel_tracking.exporters._base import TrackerContext
@@ -167,7 +135,7 @@ def check_tracker(name: str, settings: Settings) -> None:
     without importing its SDK: a missing package (one rule for every tracker: ``ConfigError``
     naming the extra to install) and the tracker's own ``check_environment`` (e.g. an MLflow
     tracking URI MLflow would refuse)."""
-    package = _SDKS[name]
+    package = TRACKERS[name].sdk
     if not _installed(package):
         if name == "vemlp_wandb":
             raise ConfigError(
@@ -183,7 +151,7 @@ def check_tracker(name: str, settings: Settings) -> None:
 def import_sdk(name: str) -> None:
     """Import the tracker's SDK package (what :func:`open_tracker` would import first anyway)."""
     with _plain_errors(name):
-        importlib.import_module(_SDKS[name])
+        importlib.import_module(TRACKERS[name].sdk)
 
 
 def _installed(package: str) -> bool:
@@ -198,9 +166,9 @@ def _installed(package: str) -> bool:
 
 def _tracker_module(name: str) -> Any:
     """The tracker's module: light, its SDK is imported only when a run is opened."""
-    return importlib.import_module(f"otel_tracking.exporters.{_TRACKERS[name]}")
+    return importlib.import_module(f"otel_tracking.exporters.{TRACKERS[name].module}")
 
 
 def is_tracker(name: str) -> bool:
     """An ML tracker (runs in the bridge process unless OTEL_TRACKING_BRIDGE_PROCESS=false)."""
-    return name in _TRACKERS
+    return name in TRACKERS
