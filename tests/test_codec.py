@@ -205,6 +205,44 @@ def test_a_spooled_step_is_the_log_call_again(
     assert all(same(replayed.scalars[k], v) for k, v in live.scalars.items())
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    step=st.integers(0, 2**62),
+    numbers=st.dictionaries(
+        st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=10),
+        st.one_of(st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats()),
+        max_size=8,
+    ),
+    others=st.dictionaries(keys.map(lambda k: "o" + k), text, max_size=2),
+    time_ns=st.integers(0, 2**63 - 1),
+)
+def test_a_step_record_in_a_trackers_log_is_the_log_call_exactly(
+    step: int, numbers: dict[str, Any], others: dict[str, Any], time_ns: int
+) -> None:
+    """A tracker's log keeps a log() call's numbers exactly, each of its own type and in order
+    (floats packed as doubles: NaN, infinities, -0.0; ints beyond 2**53; bools; keys with quotes,
+    backslashes or any character), and the line the writer makes holds the same record as
+    ``ENCODERS["step"]``; a record in an older release's form (numbers as a JSON object) still
+    reads."""
+    from otel_tracking.delivery.codec import step_record_json
+    from otel_tracking.signals.steps import StepBatch
+
+    numbers = {k: v for k, v in numbers.items() if k not in others}
+    batch = StepBatch(Resource.create({}), step, numbers, others, time_ns)
+    record = json.loads(step_record_json(batch))
+    assert record["kind"] == "step"
+    assert record["data"] == json.loads(json.dumps(ENCODERS["step"](batch)))
+    again = DECODERS["step"](record["data"])
+    assert (again.step, again.others, again.time_ns) == (step, others, time_ns)
+    assert list(again.scalars) == list(numbers)
+    for key, value in numbers.items():
+        assert same(again.scalars[key], value), key
+        if isinstance(value, float):  # -0.0 stays -0.0
+            assert math.copysign(1, again.scalars[key]) == math.copysign(1, value), key
+    older = {"step": step, "scalars": numbers, "others": record["data"]["others"], "time_ns": time_ns}
+    assert all(same(DECODERS["step"](older).scalars[k], v) for k, v in numbers.items())
+
+
 def test_metric_data_that_is_no_log_call_stays_as_it_is() -> None:
     """An OTLP sink's periodic gauges (each key's last value, with its own time and description) and
     labelled gauges are not one log() call."""

@@ -6,7 +6,8 @@ followed by ``otel-tracking replay``'s reader on what is left.
 Invariants, at every moment and at the end:
 - nothing lost: every step appended is delivered, or past the log's position (counted spooled),
   or set aside in ``<log>.in-doubt`` (a replay killed with it on its way);
-- the counts come from the log: delivered + spooled + dropped == appended, for the live run;
+- the counts come from the log: delivered + spooled + dropped == appended, for the live run,
+  and only what a full disk cut short is dropped (that record alone);
 - at most once where promised: replay never delivers a point twice, and the live reader delivers
   a point twice only when it was killed with that point's record on its way (at least once).
 
@@ -15,6 +16,7 @@ through the same reader in tests/test_bridge_process.py and tests/test_link_inva
 
 from __future__ import annotations
 
+import errno
 import shutil
 import tempfile
 import threading
@@ -30,10 +32,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from opentelemetry.sdk.resources import Resource
 
 from otel_tracking.config.policy import Policy
+from otel_tracking.delivery import spool as spool_module
 from otel_tracking.delivery.pipeline import Sink
 from otel_tracking.delivery.position import IN_DOUBT
 from otel_tracking.delivery.reader import LogReader, pending_items
-from otel_tracking.delivery.spool import LogWriter, Spool, read_spool
+from otel_tracking.delivery.spool import Damaged, LogWriter, Spool, read_spool
 from otel_tracking.delivery.tracker_logs import count_from_log
 from otel_tracking.exporters._base import SinkParts
 from otel_tracking.signals.steps import StepBatch
@@ -104,6 +107,7 @@ class TheLog(RuleBasedStateMachine):
         self.writer = LogWriter({"model": self.spool}, capacity=4, part_bytes=2_000)
         self.logged = 0
         self.kills = 0
+        self.fills = 0
         self.reader = self._reader()
 
     def _reader(self) -> LogReader:
@@ -137,6 +141,29 @@ class TheLog(RuleBasedStateMachine):
         path = self.writer.logs["model"].path
         self.reader.caught_up(path, path.stat().st_size if path.exists() else 0, 0.2)
 
+    @rule(after=st.integers(0, 1_500), n=st.integers(0, 5))
+    def the_disk_fills(self, after: int, n: int) -> None:
+        """The writer's next write stops after ``after`` bytes (a full disk), in the middle of a
+        write of ``n`` steps or more: a record cut short there is dropped and counted with those
+        after it in that write, and the records before it are kept."""
+        capacity, self.writer.capacity = self.writer.capacity, 1_000
+        with self.writer._one_writer:  # the steps wait, to be written together
+            self.log(n)
+        self.writer.capacity = capacity
+        real = spool_module._write_all
+
+        def fills(fd: int, data: bytes) -> None:
+            spool_module._write_all = real  # once
+            if after >= len(data):
+                return real(fd, data)
+            real(fd, data[:after])
+            raise spool_module.PartlyWritten(after, OSError(errno.ENOSPC, "No space left on device"))
+
+        spool_module._write_all = fills
+        self.fills += 1
+        self.writer.flush(5)
+        spool_module._write_all = real
+
     @rule()
     def a_killed_reader_is_started_again(self) -> None:
         if self.reader.done:  # its thread died in the middle of an export
@@ -166,7 +193,7 @@ class TheLog(RuleBasedStateMachine):
             count_from_log(self.sink, self.writer)
             stats = self.sink.stats
             assert stats.delivered + stats.spooled + stats.dropped == self.logged, stats
-            assert stats.dropped == 0
+            assert stats.dropped == self.writer.dropped["model"]
             left = sum(pending_items(part) for part in self.writer.parts["model"] if part.exists())
             assert stats.spooled == left, (stats, left)
             live = Counter(self.tracker.arrived)
@@ -182,14 +209,19 @@ class TheLog(RuleBasedStateMachine):
             replayed = Counter(self.tracker.arrived[before:])
             assert max(replayed.values(), default=1) == 1, "replay delivered a point twice"
             everything = Counter(self.tracker.arrived)
-            for step in range(self.logged):
-                for key in KEYS:
-                    assert everything[(key, step)] >= 1, ("lost", key, step, self.kills)
+            missing = [step for step in range(self.logged) if not all(everything[(key, step)] for key in KEYS)]
+            # only the steps a full disk cut short are missing, each counted dropped
+            assert len(missing) == stats.dropped, ("lost", missing, stats, self.kills)
+            for step in missing:
+                assert not any(everything[(key, step)] for key in KEYS), ("part of a dropped step", step)
             assert not any(self.dir.glob(f"*{IN_DOUBT}")), "the live reader sets nothing aside"
+            damaged = 0
             for part in self.writer.parts["model"]:
                 if part.exists():
                     _, records = read_spool(part)
-                    assert all(not isinstance(r, tuple) or r[0] in ("step", "end") for r in records)
+                    damaged += sum(isinstance(r, Damaged) for r in records)
+                    assert all(isinstance(r, Damaged) or r[0] in ("step", "end") for r in records)
+            assert damaged <= self.fills, "a damaged record where no write was cut short"
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 

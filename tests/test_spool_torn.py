@@ -5,14 +5,17 @@ on a line of its own when the log does not end in one."""
 
 from __future__ import annotations
 
+import errno
 import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.resources import Resource
 
+from otel_tracking.delivery import spool as spool_module
 from otel_tracking.delivery.codec import ENCODERS
 from otel_tracking.delivery.spool import Damaged, Spool, frame, read_spool
 from otel_tracking.signals.steps import StepBatch, step_batch_of
@@ -84,10 +87,36 @@ def test_the_writer_starts_its_record_on_a_line_of_its_own_after_a_torn_one(isol
     path = isolated / "spool" / "tensorboard.jsonl"
     spool = Spool(path, _HEADER)
     spool.write("metrics", _batch(0))
-    with open(path, "ab") as f:  # another writer of the log killed in the middle of its record
+    spool.close()
+    with open(path, "ab") as f:  # a writer of the log killed in the middle of its record
         f.write(_line(1)[:30])
-    spool.write("metrics", _batch(2))  # the writer that held it open all along
+    spool = Spool(path, _HEADER)  # the next writer to open it
+    spool.write("metrics", _batch(2))
     spool.close()
     lines = path.read_bytes().splitlines(keepends=True)
     assert lines[-2] == _line(1)[:30] + b"\n" and lines[-1] == _line(2)
+    assert _steps(path) == ([0, 2], 1)
+
+
+def test_after_its_own_write_was_cut_short_the_writer_starts_a_new_line(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer looks at the log's end only when it opens it and after a write of its own failed
+    (a full disk): then the next record is not glued to the one cut short."""
+    path = isolated / "spool" / "tensorboard.jsonl"
+    spool = Spool(path, _HEADER)
+    spool.write("metrics", _batch(0))
+    real = spool_module._write_all
+
+    def full(fd: int, data: bytes) -> None:
+        real(fd, data[:30])
+        raise spool_module.PartlyWritten(30, OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr(spool_module, "_write_all", full)
+    with pytest.raises(spool_module.PartlyWritten) as cut:
+        spool.write("metrics", _batch(1))
+    assert cut.value.written == 30 and cut.value.errno == errno.ENOSPC
+    monkeypatch.setattr(spool_module, "_write_all", real)
+    spool.write("metrics", _batch(2))  # the disk has room again
+    spool.close()
     assert _steps(path) == ([0, 2], 1)

@@ -11,6 +11,10 @@ Python's json, which keeps them).  ``tests/test_properties.py`` round-trips SDK-
 
 from __future__ import annotations
 
+import base64
+import json
+import sys
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +38,7 @@ from otel_tracking.signals.steps import SCOPE, StepBatch, materialize, wrap
 from otel_tracking.signals.values import decode_others, encode_others
 
 _NO_RESOURCE = Resource({})
+_BIG_ENDIAN = sys.byteorder == "big"
 
 # --- shared pieces -----------------------------------------------------------------------------
 
@@ -256,18 +261,71 @@ def decode_logs(blobs: list[dict[str, Any]]) -> list[ReadableLogRecord]:
 
 
 def encode_step(batch: StepBatch) -> dict[str, Any]:
-    """A log() call as the trackers' logs keep it: its step, numbers, other values (as
-    ``values.encode_others`` makes them) and time.  Whoever reads it gives it its own resource."""
+    """A log() call as the trackers' logs keep it: its step, keys, numbers, other values (as
+    ``values.encode_others`` makes them) and time.  Whoever reads it gives it its own resource.
+
+    The float values go as one base64 run of little-endian doubles, in the order of ``keys``
+    (the others: ints and bools, as they are, in ``ints``).  Writing each float as JSON text took
+    three quarters of encoding a 200-number step, on the training process's side; the doubles are
+    exact, NaN and infinities included."""
+    keys, floats, ints, others = _step_parts(batch)
+    return {
+        "step": batch.step,
+        "keys": list(keys),
+        "floats": floats,
+        "ints": ints,
+        "others": others,
+        "time_ns": batch.time_ns,
+    }
+
+
+def step_record_json(batch: StepBatch) -> str:
+    """``{"kind": "step", "data": encode_step(batch)}`` as JSON text, made faster: a run logs the
+    same keys step after step, and their JSON is made once."""
+    keys, floats, ints, others = _step_parts(batch)
+    keys_json = _KEYS_JSON.get(keys)
+    if keys_json is None:
+        if len(_KEYS_JSON) >= 64:
+            _KEYS_JSON.clear()
+        keys_json = _KEYS_JSON[keys] = json.dumps(keys)
+    return (
+        f'{{"kind": "step", "data": {{"step": {int(batch.step)}, "keys": {keys_json}, "floats": "{floats}", '
+        f'"ints": {json.dumps(ints, default=str) if ints else "{}"}, "others": {json.dumps(others)}, '
+        f'"time_ns": {int(batch.time_ns)}}}}}'
+    )
+
+
+_KEYS_JSON: dict[tuple[str, ...], str] = {}  # the key lists seen lately, as JSON
+
+
+def _step_parts(batch: StepBatch) -> tuple[tuple[str, ...], str, dict[str, Any], Any]:
     others = batch.others_json
     if others is None and batch.others:
         others = encode_others(batch.others)
-    return {"step": batch.step, "scalars": dict(batch.scalars), "others": others, "time_ns": batch.time_ns}
+    values = list(batch.scalars.values())
+    if set(map(type, values)) <= {float}:
+        floats, ints = array("d", values), {}
+    else:
+        floats = array("d", [value for value in values if type(value) is float])
+        ints = {key: value for key, value in batch.scalars.items() if type(value) is not float}
+    if _BIG_ENDIAN:
+        floats.byteswap()
+    return tuple(batch.scalars), base64.b64encode(floats.tobytes()).decode("ascii"), ints, others
 
 
 def decode_step(blob: dict[str, Any], resource: Resource = _NO_RESOURCE) -> StepBatch:
     others_json = blob.get("others")
     others = decode_others(others_json) if others_json else {}
-    return StepBatch(resource, int(blob["step"]), blob["scalars"], others, int(blob["time_ns"]), None, others_json)
+    if "keys" in blob:
+        floats = array("d")
+        floats.frombytes(base64.b64decode(blob["floats"]))
+        if _BIG_ENDIAN:
+            floats.byteswap()
+        ints, in_order = blob["ints"], iter(floats)
+        scalars = {key: ints[key] if key in ints else next(in_order) for key in blob["keys"]}
+    else:  # an older release's record: the numbers as a JSON object
+        scalars = blob["scalars"]
+    return StepBatch(resource, int(blob["step"]), scalars, others, int(blob["time_ns"]), None, others_json)
 
 
 def _as_is(value: Any) -> Any:

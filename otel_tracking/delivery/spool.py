@@ -51,14 +51,14 @@ import threading
 import time
 import zlib
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from otel_tracking.config.destinations import destination
 from otel_tracking.config.paths import path_part
 from otel_tracking.config.settings import Settings
-from otel_tracking.delivery.codec import DECODERS, ENCODERS
+from otel_tracking.delivery.codec import DECODERS, ENCODERS, step_record_json
 from otel_tracking.signals.steps import StepBatch
 
 logger = logging.getLogger("otel_tracking")
@@ -69,11 +69,10 @@ _LOCK_WAIT_S = 2.0
 
 
 class Spool:
-    """One sink's spool log, opened (and its header written) on the first record.  Two processes
-    may append to one sink's log (the bridge process, and the training process when the bridge
-    process is gone): each record is one ``write`` to a file opened for appending, so records never
-    interleave, and a header the other process wrote first is not written again (should both see
-    an empty file, the reader skips the second header).
+    """One sink's log, opened (and its header written) on the first record.  Each ``append`` is one
+    ``write`` to a file opened for appending, so records never interleave, even should a second
+    process append to the same log, and a header another process wrote first is not written again
+    (should both see an empty file, the reader skips the second header).
 
     A writer holds a shared ``flock`` on the log for as long as it has it open: replay removes a
     log only under an exclusive one, so never while a writer could still append to it."""
@@ -82,23 +81,43 @@ class Spool:
         self.path = path
         self.header = header
         self._fd: int | None = None
+        self._at_line_start = False  # whether the log is known to end with a whole record
         self._lock = threading.Lock()
 
     def write(self, kind: str, payload: Any) -> None:
         self.append(record_line(kind, payload))
 
-    def append(self, line: bytes) -> None:
-        """One record, framed already (:func:`record_line`), appended in one ``write``."""
+    def append(self, lines: bytes) -> None:
+        """Records, framed already (:func:`record_line`), appended in one ``write``.  A write that
+        fails part of the way raises :class:`PartlyWritten`, saying how much of ``lines`` is in."""
         with self._lock:
             if self._fd is None:
                 self._fd = self._open()
-                if os.fstat(self._fd).st_size == 0:
+            prefix, heading = b"", False
+            # The log's end is looked at only when it is opened and after a write of ours failed:
+            # an empty log gets its header first, and a record cut short before (a kill, a full
+            # disk) never has the next one glued to it.
+            if not self._at_line_start:
+                size = os.fstat(self._fd).st_size
+                if size == 0:
                     # The nonce tells this log from one made at the same path after it was removed.
                     first = {**self.header, "log": os.urandom(8).hex()}
-                    line = frame(json.dumps({"header": first})).encode() + line
-            if not _ends_a_line(self._fd):  # a record cut short before: never glue this one to it
-                line = b"\n" + line
-            _write_all(self._fd, line)
+                    prefix, heading = frame(json.dumps({"header": first})).encode(), True
+                elif os.pread(self._fd, 1, size - 1) != b"\n":
+                    prefix = b"\n"
+            self._at_line_start = False
+            try:
+                _write_all(self._fd, prefix + lines)
+            except PartlyWritten as error:
+                if heading and error.written < len(prefix):
+                    # A header cut short: the log holds nothing else, so it starts again empty
+                    # (a log without its header could not be replayed).
+                    with contextlib.suppress(OSError):
+                        if os.fstat(self._fd).st_size == error.written:
+                            os.ftruncate(self._fd, 0)
+                error.written = max(0, error.written - len(prefix))
+                raise
+            self._at_line_start = True
 
     def _open(self) -> int:
         """The log, opened for appending and held shared: a log replay is removing right now (it
@@ -138,17 +157,22 @@ class Spool:
                 self._fd = None
 
 
-def _ends_a_line(fd: int) -> bool:
-    """Whether the file is empty or ends with an end of line (a record cut short does not)."""
-    size = os.fstat(fd).st_size
-    return size == 0 or os.pread(fd, 1, size - 1) == b"\n"
+class PartlyWritten(OSError):
+    """A write that failed (a full disk) after ``written`` bytes of the records handed to it."""
+
+    def __init__(self, written: int, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror)
+        self.written = written
 
 
 def _write_all(fd: int, data: bytes) -> None:
     """``data`` appended in one ``write`` (a short write, only on a full disk, goes on after it)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    view, done = memoryview(data), 0
+    while done < len(data):
+        try:
+            done += os.write(fd, view[done:])
+        except OSError as error:
+            raise PartlyWritten(done, error) from error
 
 
 # A sink's log is cut into parts of about this size (``<sink>.jsonl``, ``<sink>.part2.jsonl``, ...):
@@ -173,7 +197,12 @@ def next_part(path: Path) -> Path:
 
 def record_line(kind: str, payload: Any) -> bytes:
     """One record of ``kind`` as a log keeps it: a framed line."""
-    return frame(json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str)).encode()
+    if kind == "step":
+        text = step_record_json(payload)
+    else:
+        text = json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str)
+    body = text.encode()
+    return b"%08x %b\n" % (zlib.crc32(body), body)
 
 
 def frame(text: str) -> str:
@@ -308,17 +337,17 @@ def item_count(kind: str, payload: Any) -> int:
 
 CAPACITY = 10_000  # records waiting for the writer thread before append() writes them itself
 MAX_BYTES = 1 << 30  # a sink's parts on disk, at most (OTEL_TRACKING_SPOOL_MAX_MB)
+_WRITE_BYTES = 1 << 20  # at most this much in one write
 
 
 class LogWriter:
     """Appends records to sinks' logs (``logs``: each sink's :class:`Spool`) on a thread of its
-    own.  ``written()`` is told each time records reached the disk."""
+    own (or, when it falls behind, on the caller's: see :meth:`append`)."""
 
     def __init__(
         self,
         logs: Mapping[str, Spool],
         capacity: int = CAPACITY,
-        written: Callable[[], None] | None = None,
         max_bytes: int = MAX_BYTES,
         part_bytes: int = PART_BYTES,
     ) -> None:
@@ -330,7 +359,6 @@ class LogWriter:
         self._part_size = dict.fromkeys(self.logs, 0)  # bytes this writer put in each sink's part
         self._on_disk = dict.fromkeys(self.logs, 0)  # ... and in all its parts (less those removed)
         self._full: set[str] = set()  # sinks at max_bytes (said once each)
-        self._written = written
         self.appended: dict[str, int] = defaultdict(int)  # items handed, per sink
         self.dropped: dict[str, int] = defaultdict(int)  # items that could not be written, per sink
         self._waiting: deque[tuple[Sequence[str], str, Any]] = deque()
@@ -356,11 +384,19 @@ class LogWriter:
             self._handed += 1
             for name in names:
                 self.appended[name] += n
-            if len(self._waiting) == 1:
+            waiting = len(self._waiting)
+            if waiting == 1:
                 self._cond.notify_all()
-            over = len(self._waiting) > self.capacity
-        if over:
+        if waiting > self.capacity:
             self._write_waiting()
+        elif waiting > 1 and self._one_writer.acquire(blocking=False):
+            # The thread has not taken the last record yet (a burst of log() calls): writing
+            # here costs the loop less than the two threads taking the GIL from each other.
+            # One that is writing (a slow disk) is left to it.
+            try:
+                self._write_batch()
+            finally:
+                self._one_writer.release()
 
     def _run(self) -> None:
         while True:
@@ -370,47 +406,86 @@ class LogWriter:
                 if not self._waiting and self._closed:
                     return
             self._write_waiting()
-            if self._written is not None:
-                self._written()
 
     def _write_waiting(self) -> None:
         with self._one_writer:
-            with self._cond:
-                batch = list(self._waiting)
-                self._waiting.clear()
-            for names, kind, payload in batch:
-                self._write(names, kind, payload)
-            with self._cond:
-                self._done += len(batch)
-                self._cond.notify_all()
+            self._write_batch()
 
-    def _write(self, names: Sequence[str], kind: str, payload: Any) -> None:
+    def _write_batch(self) -> None:
+        """What waits, written (under ``_one_writer``)."""
+        with self._cond:
+            batch = list(self._waiting)
+            self._waiting.clear()
+        # Each record encoded once; each log then gets what waits for it in few writes, not a
+        # write per record: every system call lets go of the GIL, and a thread that takes it
+        # back thousands of times a second keeps the training thread waiting for it.
+        lines: dict[str, list[tuple[bytes, int]]] = defaultdict(list)
+        for names, kind, payload in batch:
+            line = self._encode(names, kind, payload)
+            if line is not None:
+                for name in names:
+                    lines[name].append((line, item_count(kind, payload)))
+        for name, records in lines.items():
+            self._write(name, records)
+        with self._cond:
+            self._done += len(batch)
+            self._cond.notify_all()
+
+    def _encode(self, names: Sequence[str], kind: str, payload: Any) -> bytes | None:
         try:
-            line = record_line(kind, payload)  # encoded once, for every sink it is for
+            return record_line(kind, payload)  # encoded once, for every sink it is for
         except Exception:
             logger.exception("otel-tracking: a %s record could not be encoded; dropped", kind)
             for name in names:
                 self.dropped[name] += item_count(kind, payload)
+            return None
+
+    def _write(self, name: str, records: Sequence[tuple[bytes, int]]) -> None:
+        """A sink's records (each line with its item count), in order, in writes of up to
+        ``_WRITE_BYTES`` that stay within the sink's bound and its part."""
+        chunk: list[tuple[bytes, int]] = []
+        size = 0
+        for line, items in records:
+            if self._on_disk[name] + size + len(line) > self.max_bytes:
+                self._write_chunk(name, chunk)
+                chunk, size = [], 0
+                if not self._room(name, len(line)):
+                    self.dropped[name] += items
+                    continue
+            chunk.append((line, items))
+            size += len(line)
+            if size >= _WRITE_BYTES or self._part_size[name] + size >= self.part_bytes:
+                self._write_chunk(name, chunk)
+                chunk, size = [], 0
+        self._write_chunk(name, chunk)
+
+    def _write_chunk(self, name: str, chunk: Sequence[tuple[bytes, int]]) -> None:
+        if not chunk:
             return
-        for name in names:
-            if self._on_disk[name] + len(line) > self.max_bytes and not self._room(name, len(line)):
-                self.dropped[name] += item_count(kind, payload)
-                continue
-            try:
-                self.logs[name].append(line)
-                self._part_size[name] += len(line)
-                self._on_disk[name] += len(line)
-                if self._part_size[name] >= self.part_bytes:
-                    self._next_part(name)
-            except OSError as error:
-                self.dropped[name] += item_count(kind, payload)
-                if not self._warned:
-                    self._warned = True
-                    logger.warning(
-                        "otel-tracking: %s cannot be written (%s); what cannot be written is dropped and counted",
-                        self.logs[name].path,
-                        error.strerror or type(error).__name__,
-                    )
+        data = b"".join(line for line, _ in chunk)
+        try:
+            self.logs[name].append(data)
+            written = len(data)
+        except OSError as error:
+            written = error.written if isinstance(error, PartlyWritten) else 0
+            whole = 0  # the records wholly written are in the log; the others are dropped
+            for line, items in chunk:
+                if whole + len(line) <= written:
+                    whole += len(line)
+                else:
+                    self.dropped[name] += items
+            written = whole
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "otel-tracking: %s cannot be written (%s); what cannot be written is dropped and counted",
+                    self.logs[name].path,
+                    error.strerror or type(error).__name__,
+                )
+        self._part_size[name] += written
+        self._on_disk[name] += written
+        if self._part_size[name] >= self.part_bytes:
+            self._next_part(name)
 
     def _next_part(self, name: str) -> None:
         """Go on in the next part of a sink's log (this one is whole: its reader may remove it)."""
