@@ -23,13 +23,16 @@ sink it is for, on one thread, so that neither its encoding nor the disk reaches
                                                                          (read by its LogReader,
                                                                           delivery/reader.py)
 
-``append()`` only puts the payload in line; the thread encodes it once (``codec``) and appends the
-same line to each of its sinks' logs (:class:`Spool`: one ``write`` a record, 0600).  Nothing
+``append()`` puts the payload in line; the thread encodes it once (``codec``) and appends the
+same line to each of its sinks' logs (:class:`Spool`, 0600: one ``write`` a log for all that waits).  Nothing
 waits for a tracker: the log is the record, and the sink's reader delivers from it.
 
-Bounded in memory: past ``capacity`` records waiting (a disk slower than the training loop for
-that long), ``append()`` writes what waits itself, in order, before it returns: the training loop
-then goes at the disk's pace, never at a tracker's.
+When ``append()`` comes before the thread took the last record (a burst of log() calls), it
+writes what waits itself, unless the thread is writing (a slow disk): the two threads would
+otherwise take the GIL from each other at every record, which cost log() up to a switch interval
+(5 ms) at its p99.  Bounded in memory: past ``capacity`` records waiting (a disk slower than the
+training loop for that long), ``append()`` writes what waits in any case, in order, before it
+returns: the training loop then goes at the disk's pace, never at a tracker's.
 
 Bounded on disk: a log is cut into parts of ``PART_BYTES`` (:func:`next_part`); its reader
 removes a part once it delivered all of it.  A sink whose parts on disk reach ``max_bytes``
