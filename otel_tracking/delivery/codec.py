@@ -1,4 +1,4 @@
-"""OTel data to JSON-able dicts and back: the spool's record format and the bridge link's.
+"""OTel data and log() calls to JSON-able dicts and back: the record format of every log.
 
 Spans keep everything an exporter reads: name, kind, ids, trace flags and state, parent (and
 whether it was remote), times, status, attributes, events, links, instrumentation scope and
