@@ -125,7 +125,7 @@ def _span(name: str) -> Any:
 
 
 def _line(name: str) -> bytes:
-    return frame(json.dumps({"kind": "spans", "data": ENCODERS["spans"]([_span(name)])}, default=str)).encode()
+    return frame(json.dumps({"kind": "spans", "data": ENCODERS["spans"]([_span(name)])}, default=str))
 
 
 class _Log:

@@ -29,7 +29,7 @@ def _batch(step: int) -> StepBatch:
 
 
 def _line(step: int) -> bytes:
-    return frame(json.dumps({"kind": "metrics", "data": ENCODERS["metrics"](_batch(step))}, default=str)).encode()
+    return frame(json.dumps({"kind": "metrics", "data": ENCODERS["metrics"](_batch(step))}, default=str))
 
 
 def _steps(path: Path) -> tuple[list[int], int]:

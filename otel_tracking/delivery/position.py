@@ -161,7 +161,7 @@ class LogPosition:
 def _framed(encoded: dict[str, Any]) -> bytes:
     from otel_tracking.delivery.spool import frame
 
-    return frame(json.dumps(encoded, default=str)).encode()
+    return frame(json.dumps(encoded, default=str))
 
 
 def migrate_legacy(logs: Iterable[Path]) -> None:

@@ -105,7 +105,7 @@ class Spool:
                 if size == 0:
                     # The nonce tells this log from one made at the same path after it was removed.
                     first = {**self.header, "log": os.urandom(8).hex()}
-                    prefix, heading = frame(json.dumps({"header": first})).encode(), True
+                    prefix, heading = frame(json.dumps({"header": first})), True
                 elif os.pread(self._fd, 1, size - 1) != b"\n":
                     prefix = b"\n"
             self._at_line_start = False
@@ -204,13 +204,13 @@ def record_line(kind: str, payload: Any) -> bytes:
         text = step_record_json(payload)
     else:
         text = json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str)
+    return frame(text)
+
+
+def frame(text: str) -> bytes:
+    """One log record as written: the checksum of its JSON text, then the text, on one line."""
     body = text.encode()
     return b"%08x %b\n" % (zlib.crc32(body), body)
-
-
-def frame(text: str) -> str:
-    """One spool record: its checksum, then the JSON text, on one line."""
-    return f"{zlib.crc32(text.encode()):08x} {text}\n"
 
 
 class Damaged(NamedTuple):
@@ -426,8 +426,9 @@ class LogWriter:
         for names, kind, payload in batch:
             line = self._encode(names, kind, payload)
             if line is not None:
+                items = item_count(kind, payload)
                 for name in names:
-                    lines[name].append((line, item_count(kind, payload)))
+                    lines[name].append((line, items))
         for name, records in lines.items():
             self._write(name, records)
         with self._cond:
