@@ -236,3 +236,31 @@ def test_build_settings_names_no_path_outside_the_root_for_printable_names() -> 
     for project in [*string.punctuation, "..", "../.."]:
         s = build_settings(project, project, ())
         assert s.spool_dir.resolve().is_relative_to(spool_root().resolve()), project
+
+
+def test_keys_checked_at_one_step_are_checked_again_at_the_next(isolated: Path) -> None:
+    """log() checks a run's key list once and then takes float steps with those keys whole: a key
+    that only looks the same (a str subclass) is still refused, and a step with other values is
+    still split by the rules."""
+    import numpy as np
+
+    class Key(str):
+        pass
+
+    os.environ["VERL_FILE_LOGGER_ROOT"] = str(isolated / "logs")
+    tracking = Tracking("p", "e", default_backend=["file"])
+    try:
+        tracking.log({"x": 1.0, "y": 2.0}, 1)
+        with pytest.raises(TypeError, match="keys must be str"):
+            tracking.log({Key("x"): 1.0, "y": 2.0}, 2)
+        tracking.log({"x": np.float32(1.5), "y": True}, 3)
+        tracking.log({"x": 3.0, "y": "text"}, 4)
+    finally:
+        tracking.finish()
+        del os.environ["VERL_FILE_LOGGER_ROOT"]
+    lines = (isolated / "logs" / "p" / "e.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"step": 1, "data": {"x": 1.0, "y": 2.0}},
+        {"step": 3, "data": {"x": 1.5, "y": True}},
+        {"step": 4, "data": {"x": 3.0, "y": "text"}},
+    ]

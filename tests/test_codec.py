@@ -210,7 +210,7 @@ def test_a_spooled_step_is_the_log_call_again(
     step=st.integers(0, 2**62),
     numbers=st.dictionaries(
         st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=10),
-        st.one_of(st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats()),
+        st.one_of(st.booleans(), st.integers(-(2**63), 2**64 - 1), st.integers(2**64, 2**70), st.floats()),
         max_size=8,
     ),
     others=st.dictionaries(keys.map(lambda k: "o" + k), text, max_size=2),
@@ -220,8 +220,9 @@ def test_a_step_record_in_a_trackers_log_is_the_log_call_exactly(
     step: int, numbers: dict[str, Any], others: dict[str, Any], time_ns: int
 ) -> None:
     """A tracker's log keeps a log() call's numbers exactly, each of its own type and in order
-    (floats packed as doubles: NaN, infinities, -0.0; ints beyond 2**53; bools; keys with quotes,
-    backslashes or any character), and the line the writer makes holds the same record as
+    (as JSON, or packed as doubles where JSON has no form: NaN, infinities; -0.0; ints beyond 2**53
+    and beyond 64 bits; bools; keys with quotes, backslashes or any character), and the line the
+    writer makes holds the same record as
     ``ENCODERS["step"]``; a record in an older release's form (numbers as a JSON object) still
     reads."""
     from otel_tracking.delivery.codec import step_record_json

@@ -17,22 +17,24 @@ torn one all the same (by a writer of an older release), finds the whole record 
 bytes: only the torn record is lost, and it is counted.
 
 The writer of trackers' logs, :class:`LogWriter`, appends every record once to the log of each
-sink it is for, on one thread, so that neither its encoding nor the disk reaches ``log()``:
+sink it is for, on one thread, so that the disk never reaches ``log()``:
 
     log() --append()--> [records waiting] --otel-tracking-log-writer--> <sink>.jsonl, one per sink
                                                                          (read by its LogReader,
                                                                           delivery/reader.py)
 
-``append()`` puts the payload in line; the thread encodes it once (``codec``) and appends the
-same line to each of its sinks' logs (:class:`Spool`, 0600: one ``write`` a log for all that waits).  Nothing
-waits for a tracker: the log is the record, and the sink's reader delivers from it.
+``append()`` encodes the payload once (``codec``: about 10 us for a step of 200 numbers) and puts
+the framed line in line; the thread appends it to each of its sinks' logs (:class:`Spool`,
+0600).  Nothing waits for a tracker: the log is the record, and the sink's reader delivers from it.
 
-When ``append()`` comes before the thread took the last record (a burst of log() calls), it
-writes what waits itself, unless the thread is writing (a slow disk): the two threads would
-otherwise take the GIL from each other at every record, which cost log() up to a switch interval
-(5 ms) at its p99.  Bounded in memory: past ``capacity`` records waiting (a disk slower than the
-training loop for that long), ``append()`` writes what waits in any case, in order, before it
-returns: the training loop then goes at the disk's pace, never at a tracker's.
+The encoding is done by the caller, and the thread does little but write, because the two threads
+share one GIL: a writer thread that encodes takes it from the training thread at each of the
+training thread's own system calls (its file sink's write), which cost a burst of log() calls a
+tenth of a millisecond each.  The thread also waits ``LINGER_S`` after the first record of a
+burst, so that the burst goes out in one ``write`` per log, not one per record and log.  Bounded
+in memory: past ``capacity`` records waiting (a disk slower than the training loop for that long),
+``append()`` writes what waits itself, in order, before it returns: the training loop then goes at
+the disk's pace, never at a tracker's.
 
 Bounded on disk: a log is cut into parts of ``PART_BYTES`` (:func:`next_part`); its reader
 removes a part once it delivered all of it.  A sink whose parts on disk reach ``max_bytes``
@@ -201,15 +203,13 @@ def next_part(path: Path) -> Path:
 def record_line(kind: str, payload: Any) -> bytes:
     """One record of ``kind`` as a log keeps it: a framed line."""
     if kind == "step":
-        text = step_record_json(payload)
-    else:
-        text = json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str)
-    return frame(text)
+        return frame(step_record_json(payload))
+    return frame(json.dumps({"kind": kind, "data": ENCODERS[kind](payload)}, default=str))
 
 
-def frame(text: str) -> bytes:
+def frame(text: str | bytes) -> bytes:
     """One log record as written: the checksum of its JSON text, then the text, on one line."""
-    body = text.encode()
+    body = text.encode() if isinstance(text, str) else text
     return b"%08x %b\n" % (zlib.crc32(body), body)
 
 
@@ -340,12 +340,13 @@ def item_count(kind: str, payload: Any) -> int:
 
 CAPACITY = 10_000  # records waiting for the writer thread before append() writes them itself
 MAX_BYTES = 1 << 30  # a sink's parts on disk, at most (OTEL_TRACKING_SPOOL_MAX_MB)
+LINGER_S = 0.002  # how long the thread waits after a first record for those behind it
 _WRITE_BYTES = 1 << 20  # at most this much in one write
 
 
 class LogWriter:
     """Appends records to sinks' logs (``logs``: each sink's :class:`Spool`) on a thread of its
-    own (or, when it falls behind, on the caller's: see :meth:`append`)."""
+    own (or, past ``capacity`` records waiting, on the caller's: see :meth:`append`)."""
 
     def __init__(
         self,
@@ -363,8 +364,8 @@ class LogWriter:
         self._on_disk = dict.fromkeys(self.logs, 0)  # ... and in all its parts (less those removed)
         self._full: set[str] = set()  # sinks at max_bytes (said once each)
         self.appended: dict[str, int] = defaultdict(int)  # items handed, per sink
-        self.dropped: dict[str, int] = defaultdict(int)  # items that could not be written, per sink
-        self._waiting: deque[tuple[Sequence[str], str, Any]] = deque()
+        self.dropped: dict[str, int] = defaultdict(int)  # items that could not be written, per sink (under _cond)
+        self._waiting: deque[tuple[Sequence[str], bytes, int]] = deque()  # (sinks, framed line, items)
         self._cond = threading.Condition()
         self._one_writer = threading.Lock()  # the thread, or append() past capacity: records stay in order
         self._handed = 0  # records handed to append(), and of those written (or dropped)
@@ -380,26 +381,29 @@ class LogWriter:
         self.append(names, "step" if kind == "metrics" and isinstance(payload, StepBatch) else kind, payload)
 
     def append(self, names: Sequence[str], kind: str, payload: Any) -> None:
-        """Put one record in line for the logs of ``names``; never waits for a tracker."""
-        n = item_count(kind, payload)
+        """Encode one record and put it in line for the logs of ``names``; never waits for a
+        tracker, nor (below ``capacity`` records waiting) for the disk."""
+        items = item_count(kind, payload)
+        try:
+            line: bytes | None = record_line(kind, payload)  # encoded once, for every sink it is for
+        except Exception:
+            logger.exception("otel-tracking: a %s record could not be encoded; dropped", kind)
+            line = None
         with self._cond:
-            self._waiting.append((names, kind, payload))
             self._handed += 1
             for name in names:
-                self.appended[name] += n
+                self.appended[name] += items
+                if line is None:
+                    self.dropped[name] += items
+            if line is None:
+                self._done += 1
+                return
+            self._waiting.append((names, line, items))
             waiting = len(self._waiting)
             if waiting == 1:
                 self._cond.notify_all()
         if waiting > self.capacity:
             self._write_waiting()
-        elif waiting > 1 and self._one_writer.acquire(blocking=False):
-            # The thread has not taken the last record yet (a burst of log() calls): writing
-            # here costs the loop less than the two threads taking the GIL from each other.
-            # One that is writing (a slow disk) is left to it.
-            try:
-                self._write_batch()
-            finally:
-                self._one_writer.release()
 
     def _run(self) -> None:
         while True:
@@ -408,6 +412,8 @@ class LogWriter:
                     self._cond.wait()
                 if not self._waiting and self._closed:
                     return
+                if not self._closed:  # a burst goes out together (flush() and close() end the wait)
+                    self._cond.wait(LINGER_S)
             self._write_waiting()
 
     def _write_waiting(self) -> None:
@@ -415,34 +421,20 @@ class LogWriter:
             self._write_batch()
 
     def _write_batch(self) -> None:
-        """What waits, written (under ``_one_writer``)."""
+        """What waits, written (under ``_one_writer``): each log gets what waits for it in few
+        writes, not a write per record."""
         with self._cond:
             batch = list(self._waiting)
             self._waiting.clear()
-        # Each record encoded once; each log then gets what waits for it in few writes, not a
-        # write per record: every system call lets go of the GIL, and a thread that takes it
-        # back thousands of times a second keeps the training thread waiting for it.
         lines: dict[str, list[tuple[bytes, int]]] = defaultdict(list)
-        for names, kind, payload in batch:
-            line = self._encode(names, kind, payload)
-            if line is not None:
-                items = item_count(kind, payload)
-                for name in names:
-                    lines[name].append((line, items))
+        for names, line, items in batch:
+            for name in names:
+                lines[name].append((line, items))
         for name, records in lines.items():
             self._write(name, records)
         with self._cond:
             self._done += len(batch)
             self._cond.notify_all()
-
-    def _encode(self, names: Sequence[str], kind: str, payload: Any) -> bytes | None:
-        try:
-            return record_line(kind, payload)  # encoded once, for every sink it is for
-        except Exception:
-            logger.exception("otel-tracking: a %s record could not be encoded; dropped", kind)
-            for name in names:
-                self.dropped[name] += item_count(kind, payload)
-            return None
 
     def _write(self, name: str, records: Sequence[tuple[bytes, int]]) -> None:
         """A sink's records (each line with its item count), in order, in writes of up to
@@ -454,7 +446,7 @@ class LogWriter:
                 self._write_chunk(name, chunk)
                 chunk, size = [], 0
                 if not self._room(name, len(line)):
-                    self.dropped[name] += items
+                    self._drop(name, items)
                     continue
             chunk.append((line, items))
             size += len(line)
@@ -477,7 +469,7 @@ class LogWriter:
                 if whole + len(line) <= written:
                     whole += len(line)
                 else:
-                    self.dropped[name] += items
+                    self._drop(name, items)
             written = whole
             if not self._warned:
                 self._warned = True
@@ -490,6 +482,10 @@ class LogWriter:
         self._on_disk[name] += written
         if self._part_size[name] >= self.part_bytes:
             self._next_part(name)
+
+    def _drop(self, name: str, items: int) -> None:
+        with self._cond:
+            self.dropped[name] += items
 
     def _next_part(self, name: str) -> None:
         """Go on in the next part of a sink's log (this one is whole: its reader may remove it)."""
