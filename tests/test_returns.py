@@ -23,6 +23,7 @@ from otel_tracking.exporters.file import read_anatomy
 from otel_tracking.verl import returns
 
 GAP_S = 0.001  # between two ranks' results
+STRAGGLER_S = 0.25  # the last rank's, after that
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,9 @@ def test_the_refs_handed_to_ray_wait_per_result_do_not_grow_with_the_ranks(
         with trace_state("update_actor"):
             refs = []
             for rank, worker in enumerate(group.workers):
-                last = 0.1 if rank == world - 1 else 0.0  # the straggler, well apart from the others
+                # the straggler, well apart from the others: a result the watcher stamps late
+                # on a loaded machine (by design up to 50 ms) must not pass it
+                last = STRAGGLER_S if rank == world - 1 else 0.0
                 refs.append(ranks.update_actor.remote(0.05 + rank * GAP_S + last))
                 returns.sent(group, worker, "update_actor", refs[-1])
             ray.get(refs)
@@ -90,6 +93,6 @@ def test_the_refs_handed_to_ray_wait_per_result_do_not_grow_with_the_ranks(
     anatomy = read_anatomy(isolated / "proj" / "exp.jsonl")
     assert anatomy[1]["anatomy/update_actor/straggler_rank"] == 31
     assert anatomy[2]["anatomy/update_actor/straggler_rank"] == 255
-    # the last rank ended about (world / 2) ms + 100 ms after the median one
-    assert 0.1 <= anatomy[2]["anatomy/update_actor/straggler_lag_s"] <= 2.0, anatomy[2]
+    # the last rank ended about (world / 2) ms + STRAGGLER_S after the median one
+    assert STRAGGLER_S <= anatomy[2]["anatomy/update_actor/straggler_lag_s"] <= 2.0, anatomy[2]
     print("refs handed to ray.wait per result:", per_result)

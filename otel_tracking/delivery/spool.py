@@ -30,8 +30,10 @@ the framed line in line; the thread appends it to each of its sinks' logs (:clas
 The encoding is done by the caller, and the thread does little but write, because the two threads
 share one GIL: a writer thread that encodes takes it from the training thread at each of the
 training thread's own system calls (its file sink's write), which cost a burst of log() calls a
-tenth of a millisecond each.  The thread also waits ``LINGER_S`` after the first record of a
-burst, so that the burst goes out in one ``write`` per log, not one per record and log.  Bounded
+tenth of a millisecond each.  The thread also waits ``LINGER_S`` (2 ms) after a first record
+for those behind it, and ``BURST_LINGER_S`` (50 ms) while that wait keeps gathering more than one
+(``log()`` in a burst), so that a burst goes out in one ``write`` per log, not one per record and
+log, and the thread wakes, and takes the GIL, a few times a second at most.  Bounded
 in memory: past ``capacity`` records waiting (a disk slower than the training loop for that long),
 ``append()`` writes what waits itself, in order, before it returns: the training loop then goes at
 the disk's pace, never at a tracker's.
@@ -341,6 +343,7 @@ def item_count(kind: str, payload: Any) -> int:
 CAPACITY = 10_000  # records waiting for the writer thread before append() writes them itself
 MAX_BYTES = 1 << 30  # a sink's parts on disk, at most (OTEL_TRACKING_SPOOL_MAX_MB)
 LINGER_S = 0.002  # how long the thread waits after a first record for those behind it
+BURST_LINGER_S = 0.05  # ... while log() comes in a burst (each wake of the thread takes the GIL)
 _WRITE_BYTES = 1 << 20  # at most this much in one write
 
 
@@ -406,14 +409,18 @@ class LogWriter:
             self._write_waiting()
 
     def _run(self) -> None:
+        linger = LINGER_S
         while True:
             with self._cond:
                 while not self._waiting and not self._closed:
                     self._cond.wait()
                 if not self._waiting and self._closed:
                     return
-                if not self._closed:  # a burst goes out together (flush() and close() end the wait)
-                    self._cond.wait(LINGER_S)
+                if not self._closed:  # what comes behind goes out together (flush() and close() end the wait)
+                    self._cond.wait(linger)
+                # More than one record in the wait: log() is called faster than every LINGER_S (a
+                # burst), so the thread wakes less often while it lasts; else a record is written soon.
+                linger = BURST_LINGER_S if len(self._waiting) > 1 else LINGER_S
             self._write_waiting()
 
     def _write_waiting(self) -> None:
