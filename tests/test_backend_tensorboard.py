@@ -207,6 +207,25 @@ def test_every_log_call_is_on_disk_before_finish(isolated: Path) -> None:
     tracking.finish()
 
 
+def test_a_dict_reused_and_changed_after_each_log_arrives_as_it_was_at_each_call(isolated: Path) -> None:
+    """The usual loop fills one dict and logs it step after step: each step's values are those of
+    its call, though the tracker's record is written (and encoded) after log() returned."""
+    from otel_tracking import Tracking
+
+    tracking = Tracking("proj", "exp", default_backend="tensorboard")
+    metrics: dict[str, float] = {}
+    for step in range(5):
+        metrics["loss"] = step * 0.5
+        metrics["acc"] = step * 0.25
+        tracking.log(metrics, step)
+    metrics["loss"] = metrics["acc"] = -1.0
+    metrics["late"] = 1.0
+    assert tracking.flush()
+    scalars, _, _ = read_events(isolated / "tensorboard_log" / "proj" / "exp")
+    assert scalars == {"loss": [(s, s * 0.5) for s in range(5)], "acc": [(s, s * 0.25) for s in range(5)]}
+    tracking.finish()
+
+
 def test_exporters_return_failure_after_the_session_closed(isolated: Path) -> None:
     from opentelemetry.sdk._logs.export import LogRecordExportResult
     from opentelemetry.sdk.metrics.export import MetricExportResult

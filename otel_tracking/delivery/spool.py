@@ -23,20 +23,22 @@ sink it is for, on one thread, so that the disk never reaches ``log()``:
                                                                          (read by its LogReader,
                                                                           delivery/reader.py)
 
-``append()`` encodes the payload once (``codec``: about 10 us for a step of 200 numbers) and puts
-the framed line in line; the thread appends it to each of its sinks' logs (:class:`Spool`,
+``append()`` puts the record in line; it is encoded once (``codec``: about 10 us for a step of 200
+numbers) into the framed line the thread appends to each of its sinks' logs (:class:`Spool`,
 0600).  Nothing waits for a tracker: the log is the record, and the sink's reader delivers from it.
 
-The encoding is done by the caller, and the thread does little but write, because the two threads
-share one GIL: a writer thread that encodes takes it from the training thread at each of the
-training thread's own system calls (its file sink's write), which cost a burst of log() calls a
-tenth of a millisecond each.  The thread also waits ``LINGER_S`` (2 ms) after a first record
-for those behind it, and ``BURST_LINGER_S`` (50 ms) while that wait keeps gathering more than one
-(``log()`` in a burst), so that a burst goes out in one ``write`` per log, not one per record and
-log, and the thread wakes, and takes the GIL, a few times a second at most.  Bounded
-in memory: past ``capacity`` records waiting (a disk slower than the training loop for that long),
-``append()`` writes what waits itself, in order, before it returns: the training loop then goes at
-the disk's pace, never at a tracker's.
+Who encodes depends on the pace of ``log()``, because the two threads share one GIL.  Paced (the
+thread's last wait gathered one record: a training step every few milliseconds or slower), the
+thread encodes, after ``log()`` returned; the call only puts the record in line.  In a burst,
+``append()`` encodes and the thread only joins lines and writes: a writer thread that runs Python
+code takes the GIL from the training thread at each of its system calls (its file sink's write),
+which cost a burst of log() calls a tenth of a millisecond each.  The thread also waits
+``LINGER_S`` (2 ms) after a first record for those behind it, and ``BURST_LINGER_S`` (50 ms) while
+that wait keeps gathering more than one (``log()`` in a burst), so that a burst goes out in one
+``write`` per log, not one per record and log, and the thread wakes, and takes the GIL, a few
+times a second at most.  Bounded in memory: past ``capacity`` records waiting (a disk slower than
+the training loop for that long), ``append()`` writes what waits itself, in order, before it
+returns: the training loop then goes at the disk's pace, never at a tracker's.
 
 Bounded on disk: a log is cut into parts of ``PART_BYTES`` (:func:`next_part`); its reader
 removes a part once it delivered all of it.  A sink whose parts on disk reach ``max_bytes``
@@ -368,7 +370,9 @@ class LogWriter:
         self._full: set[str] = set()  # sinks at max_bytes (said once each)
         self.appended: dict[str, int] = defaultdict(int)  # items handed, per sink
         self.dropped: dict[str, int] = defaultdict(int)  # items that could not be written, per sink (under _cond)
-        self._waiting: deque[tuple[Sequence[str], bytes, int]] = deque()  # (sinks, framed line, items)
+        # (sinks, kind, payload, its framed line or None while not encoded yet, items)
+        self._waiting: deque[tuple[Sequence[str], str, Any, bytes | None, int]] = deque()
+        self._burst = False  # the thread's last wait gathered more than one record: log() encodes
         self._cond = threading.Condition()
         self._one_writer = threading.Lock()  # the thread, or append() past capacity: records stay in order
         self._handed = 0  # records handed to append(), and of those written (or dropped)
@@ -384,29 +388,35 @@ class LogWriter:
         self.append(names, "step" if kind == "metrics" and isinstance(payload, StepBatch) else kind, payload)
 
     def append(self, names: Sequence[str], kind: str, payload: Any) -> None:
-        """Encode one record and put it in line for the logs of ``names``; never waits for a
-        tracker, nor (below ``capacity`` records waiting) for the disk."""
+        """Put one record in line for the logs of ``names``; never waits for a tracker, nor (below
+        ``capacity`` records waiting) for the disk.  While ``log()`` comes in a burst the record is
+        encoded here; else the thread encodes it (see the module's notes)."""
         items = item_count(kind, payload)
-        try:
-            line: bytes | None = record_line(kind, payload)  # encoded once, for every sink it is for
-        except Exception:
-            logger.exception("otel-tracking: a %s record could not be encoded; dropped", kind)
-            line = None
+        line = self._encode(names, kind, payload, items) if self._burst else None
         with self._cond:
             self._handed += 1
             for name in names:
                 self.appended[name] += items
-                if line is None:
-                    self.dropped[name] += items
-            if line is None:
+            if line is not None and not line:  # could not be encoded (counted dropped)
                 self._done += 1
                 return
-            self._waiting.append((names, line, items))
+            self._waiting.append((names, kind, payload, line, items))
             waiting = len(self._waiting)
             if waiting == 1:
                 self._cond.notify_all()
         if waiting > self.capacity:
             self._write_waiting()
+
+    def _encode(self, names: Sequence[str], kind: str, payload: Any, items: int) -> bytes:
+        """The record's line, encoded once for every sink it is for; empty (and counted dropped
+        for each sink) when it cannot be encoded."""
+        try:
+            return record_line(kind, payload)
+        except Exception:
+            logger.exception("otel-tracking: a %s record could not be encoded; dropped", kind)
+            for name in names:
+                self._drop(name, items)
+            return b""
 
     def _run(self) -> None:
         linger = LINGER_S
@@ -420,7 +430,8 @@ class LogWriter:
                     self._cond.wait(linger)
                 # More than one record in the wait: log() is called faster than every LINGER_S (a
                 # burst), so the thread wakes less often while it lasts; else a record is written soon.
-                linger = BURST_LINGER_S if len(self._waiting) > 1 else LINGER_S
+                self._burst = len(self._waiting) > 1
+                linger = BURST_LINGER_S if self._burst else LINGER_S
             self._write_waiting()
 
     def _write_waiting(self) -> None:
@@ -434,7 +445,11 @@ class LogWriter:
             batch = list(self._waiting)
             self._waiting.clear()
         lines: dict[str, list[tuple[bytes, int]]] = defaultdict(list)
-        for names, line, items in batch:
+        for names, kind, payload, line, items in batch:
+            if line is None:
+                line = self._encode(names, kind, payload, items)
+                if not line:
+                    continue
             for name in names:
                 lines[name].append((line, items))
         for name, records in lines.items():
