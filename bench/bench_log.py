@@ -3,6 +3,7 @@
     python bench/bench_log.py                      # every case, writes bench/results/
     python bench/bench_log.py --cases a,b --steps 1000
     python bench/bench_log.py --cases a,c,f --checkouts before=../wt-before,after=. --checkout-rounds 2
+    python bench/bench_log.py --cases c --checkouts before=../wt-before,after=. --checkout-rounds 4 --no-reference
     python bench/bench_log.py --cold-rounds 10 --writeback --checkouts before=../wt-before,after=.
 
 Cases (200 metrics per step, verl-style keys, stdout to /dev/null so the terminal is not measured):
@@ -36,6 +37,7 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import os
 import platform
 import random
@@ -290,8 +292,10 @@ def run_case(
     root: Path,
     paced_data: list[dict[str, float]] | None = None,
     pace_s: float = 0.0,
+    reference: bool = True,
 ) -> dict[str, Any]:
-    impls = {"reference": (reference_factory(), case.reference), "otel_tracking": (ours_factory(), case.ours)}
+    impls = {"reference": (reference_factory(), case.reference)} if reference else {}
+    impls["otel_tracking"] = (ours_factory(), case.ours)
     outcomes: dict[str, list[Outcome]] = {name: [] for name in impls}
     server = proxy = None
     if case.server:
@@ -360,7 +364,8 @@ def summarize(case: Case, outcomes: dict[str, list[Outcome]]) -> dict[str, Any]:
             "finish_ms": statistics.median(r.finish_s for r in runs) * 1e3,
             "arrived": runs[0].arrived,
         }
-    summary["ratio"] = {k: summary["otel_tracking"][k] / summary["reference"][k] for k in ("p50_ms", "p99_ms")}
+    if "reference" in summary:
+        summary["ratio"] = {k: summary["otel_tracking"][k] / summary["reference"][k] for k in ("p50_ms", "p99_ms")}
     return summary
 
 
@@ -754,6 +759,7 @@ def compare_cases(args: argparse.Namespace) -> dict[str, Any]:
                         str(args.rounds),
                     ]
                     command += ["--paced-steps", str(args.paced_steps), "--pace-ms", str(args.pace_ms)]
+                    command += ["--no-reference"] if args.no_reference else []
                     environment = {**os.environ, "OTEL_TRACKING_BENCH_CHECKOUT": str(path), "PYTHONPATH": str(path)}
                     subprocess.run(command, env=environment, check=True, stdout=subprocess.DEVNULL)
                     runs[key][name].append(json.loads(out.read_text())["cases"][key])
@@ -766,7 +772,11 @@ def render_compare(report: dict[str, Any]) -> str:
         f"## Checkouts side by side: {', '.join(report['checkouts'])}",
         "",
         "Each case once per checkout per round, a fresh interpreter each, checkouts rotated round by round; "
-        "each run beside its own run of the reference. ours/ref: the ratio within that run.",
+        + (
+            "each run beside its own run of the reference. ours/ref: the ratio within that run."
+            if report.get("reference", True)
+            else "ours only (--no-reference): no reference ran in the interpreter before ours."
+        ),
         "",
         "| case | checkout | round | ours p50 ms | ours p99 ms | ref p50 ms | ref p99 ms | ours/ref p50 | "
         "ours/ref p99 | drain ms | finish() ms | values read back |",
@@ -775,12 +785,14 @@ def render_compare(report: dict[str, Any]) -> str:
     for key, by_checkout in report["compare"].items():
         for name, rounds in by_checkout.items():
             for index, s in enumerate(rounds):
-                o, r = s["otel_tracking"], s["reference"]
+                o = s["otel_tracking"]
+                r = s.get("reference", {"p50_ms": math.nan, "p99_ms": math.nan})
+                ratio = s.get("ratio", {"p50_ms": math.nan, "p99_ms": math.nan})
                 arrived = ", ".join(f"{k} {v}" for k, v in o["arrived"].items() if k != "expected_per_backend")
                 lines.append(
                     f"| {key}: {s['title']} | {name} | {index + 1} | {o['p50_ms']:.3f} | {o['p99_ms']:.3f} | "
-                    f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {s['ratio']['p50_ms']:.3g} | "
-                    f"{s['ratio']['p99_ms']:.3g} | {o['drain_ms']:.0f} | {o['finish_ms']:.0f} | "
+                    f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {ratio['p50_ms']:.3g} | "
+                    f"{ratio['p99_ms']:.3g} | {o['drain_ms']:.0f} | {o['finish_ms']:.0f} | "
                     f"{arrived} of {o['arrived']['expected_per_backend']} |"
                 )
     lines += [
@@ -919,7 +931,9 @@ def main() -> int:
     parser.add_argument("--writeback-ref-steps", type=int, default=150, help="the reference blocks per log()")
     parser.add_argument("--writeback-pace-ms", type=float, default=20.0)
     parser.add_argument("--writeback-drain-s", type=float, default=30.0, help="flush() budget before finish()")
-    parser.add_argument("--no-reference", action="store_true", help="--writeback without the reference")
+    parser.add_argument(
+        "--no-reference", action="store_true", help="the cases (and --writeback) without the reference: ours only"
+    )
     parser.add_argument(
         "--checkout-rounds",
         type=int,
@@ -950,13 +964,22 @@ def main() -> int:
         try:
             if args.checkout_rounds:
                 report["checkouts"] = [c.partition("=")[0] for c in args.checkouts.split(",")]
+                report["reference"] = not args.no_reference
                 report["compare"] = compare_cases(args)
                 args.cases = ""
             for key in filter(None, args.cases.split(",")):
                 rounds = args.rounds if key == "a" else 1
                 load_before = load()
                 report["cases"][key] = run_case(
-                    key, CASES[key], data, slow_data, rounds, root, data[: args.paced_steps], args.pace_ms / 1e3
+                    key,
+                    CASES[key],
+                    data,
+                    slow_data,
+                    rounds,
+                    root,
+                    data[: args.paced_steps],
+                    args.pace_ms / 1e3,
+                    reference=not args.no_reference,
                 )
                 report["cases"][key]["load"] = [load_before, load()]
                 print(render({**report, "cases": {key: report["cases"][key]}}), file=sys.stderr, flush=True)
@@ -1012,7 +1035,7 @@ def render(report: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|---|---|",
         ]
     for key, s in report["cases"].items():
-        for name in ("reference", "otel_tracking"):
+        for name in [n for n in ("reference", "otel_tracking") if n in s]:
             r = s[name]
             arrived = ", ".join(f"{k} {v}" for k, v in r["arrived"].items() if k != "expected_per_backend")
             lines.append(
@@ -1020,8 +1043,9 @@ def render(report: dict[str, Any]) -> str:
                 f"{r['construct_ms']:.0f} | {r['drain_ms']:.0f} | {r['finish_ms']:.0f} | "
                 f"{arrived} of {r['arrived']['expected_per_backend']} |"
             )
-        p50, p99 = (_ratio(s["ratio"][k]) for k in ("p50_ms", "p99_ms"))
-        lines.append(f"| {key} | **ours/ref** | | {p50} | {p99} | | | | |")
+        if "ratio" in s:
+            p50, p99 = (_ratio(s["ratio"][k]) for k in ("p50_ms", "p99_ms"))
+            lines.append(f"| {key} | **ours/ref** | | {p50} | {p99} | | | | |")
     if "memory" in report:
         mem = report["memory"]
         lines += [
