@@ -31,12 +31,12 @@ Who encodes depends on the pace of ``log()``, because the two threads share one 
 thread's last wait gathered one record: a training step every few milliseconds or slower), the
 thread encodes, after ``log()`` returned; the call only puts the record in line.  In a burst,
 ``append()`` encodes and the thread only joins lines and writes: a writer thread that runs Python
-code takes the GIL from the training thread at each of its system calls (its file sink's write),
-which cost a burst of log() calls a tenth of a millisecond each.  The thread also waits
-``LINGER_S`` (2 ms) after a first record for those behind it, and ``BURST_LINGER_S`` (50 ms) while
-that wait keeps gathering more than one (``log()`` in a burst), so that a burst goes out in one
-``write`` per log, not one per record and log, and the thread wakes, and takes the GIL, a few
-times a second at most.  Bounded in memory: past ``capacity`` records waiting (a disk slower than
+code takes the GIL from the training thread at each of the training thread's system calls (its
+file sink's write), which cost a burst of log() calls a tenth of a millisecond each.  The thread
+also waits ``LINGER_S`` (2 ms) after a first record for those behind it, and ``BURST_LINGER_S``
+(50 ms) while that wait keeps gathering more than one (``log()`` in a burst), so that a burst goes
+out in one ``write`` per log, not one per record and log, and the thread wakes, and takes the GIL,
+a few times a second at most.  Bounded in memory: past ``capacity`` records waiting (a disk slower than
 the training loop for that long), ``append()`` writes what waits itself, in order, before it
 returns: the training loop then goes at the disk's pace, never at a tracker's.
 
