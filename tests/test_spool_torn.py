@@ -17,7 +17,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_tracking.delivery import spool as spool_module
 from otel_tracking.delivery.codec import ENCODERS
-from otel_tracking.delivery.spool import Damaged, Spool, frame, read_spool
+from otel_tracking.delivery.spool import TORN_END, Damaged, Spool, frame, read_spool
 from otel_tracking.signals.steps import StepBatch, step_batch_of
 
 _HEADER = {"sink": "tensorboard", "project": "p", "experiment": "e", "run_id": "r1", "pid": 1}
@@ -94,7 +94,22 @@ def test_the_writer_starts_its_record_on_a_line_of_its_own_after_a_torn_one(isol
     spool.write("metrics", _batch(2))
     spool.close()
     lines = path.read_bytes().splitlines(keepends=True)
-    assert lines[-2] == _line(1)[:30] + b"\n" and lines[-1] == _line(2)
+    assert lines[-2] == _line(1)[:30] + TORN_END and lines[-1] == _line(2)
+    assert _steps(path) == ([0, 2], 1)
+
+
+def test_a_record_cut_just_before_its_end_of_line_stays_damaged(isolated: Path) -> None:
+    """A full disk that left all of a record but its end of line: the writer counted it dropped,
+    so the next writer's record must not make it whole (it would be delivered as well)."""
+    path = isolated / "spool" / "tensorboard.jsonl"
+    spool = Spool(path, _HEADER)
+    spool.write("metrics", _batch(0))
+    spool.close()
+    with open(path, "ab") as f:
+        f.write(_line(1)[:-1])
+    spool = Spool(path, _HEADER)
+    spool.write("metrics", _batch(2))
+    spool.close()
     assert _steps(path) == ([0, 2], 1)
 
 

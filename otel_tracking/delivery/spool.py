@@ -12,7 +12,8 @@ An ML tracker's every record goes to its log, which *is* the hand-over from the 
 or here); an OTel exporter's queue (``engine.py``) writes what its backend cannot take to its own.
 
 A record cut short (a kill or a full disk in the middle of a write) has no end of line.  The writer
-starts its next record on a line of its own, and the reader, should a record have been glued to a
+ends that line with ``TORN_END`` before its next record, so that a record cut just before its end
+of line never reads as whole (it was counted dropped), and the reader, should a record have been glued to a
 torn one all the same (by a writer of an older release), finds the whole record after the torn
 bytes: only the torn record is lost, and it is counted.
 
@@ -113,7 +114,7 @@ class Spool:
                     first = {**self.header, "log": os.urandom(8).hex()}
                     prefix, heading = frame(json.dumps({"header": first})), True
                 elif os.pread(self._fd, 1, size - 1) != b"\n":
-                    prefix = b"\n"
+                    prefix = TORN_END
             self._at_line_start = False
             try:
                 _write_all(self._fd, prefix + lines)
@@ -164,6 +165,11 @@ class Spool:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+# What ends a line cut short before the next record: not JSON, so the torn record stays damaged
+# even when all that was cut off was its end of line.
+TORN_END = b"#\n"
 
 
 class PartlyWritten(OSError):
