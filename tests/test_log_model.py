@@ -122,6 +122,19 @@ class TheLog(RuleBasedStateMachine):
             self.writer.append(["model"], "step", StepBatch(RESOURCE, step, dict.fromkeys(KEYS, float(step)), {}, 0))
             self.logged += 1
 
+    @rule()
+    def a_step_that_cannot_be_encoded(self) -> None:
+        """(log() checks every value first; should the codec refuse one all the same, that step
+        alone is dropped and counted, and the steps after it go on.)"""
+        self.writer.append(["model"], "step", StepBatch(RESOURCE, self.logged, dict.fromkeys(KEYS, object()), {}, 0))
+        self.logged += 1
+
+    @rule(burst=st.booleans())
+    def the_pace_changes(self, burst: bool) -> None:
+        """In a burst log() encodes each record, else the writer's thread does (until the
+        thread's next wait says which it is)."""
+        self.writer._burst = burst
+
     @rule(outcomes=st.lists(st.sampled_from(["ok", "fail", "half", "kill"]), max_size=4))
     def tracker_will(self, outcomes: list[str]) -> None:
         with self.tracker.lock:
@@ -210,7 +223,7 @@ class TheLog(RuleBasedStateMachine):
             assert max(replayed.values(), default=1) == 1, "replay delivered a point twice"
             everything = Counter(self.tracker.arrived)
             missing = [step for step in range(self.logged) if not all(everything[(key, step)] for key in KEYS)]
-            # only the steps a full disk cut short are missing, each counted dropped
+            # only the steps a full disk cut short (or the codec refused) are missing, each counted dropped
             assert len(missing) == stats.dropped, ("lost", missing, stats, self.kills)
             for step in missing:
                 assert not any(everything[(key, step)] for key in KEYS), ("part of a dropped step", step)
