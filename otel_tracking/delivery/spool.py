@@ -425,7 +425,6 @@ class LogWriter:
             return b""
 
     def _run(self) -> None:
-        linger = LINGER_S
         while True:
             with self._cond:
                 while not self._waiting and not self._closed:
@@ -433,11 +432,10 @@ class LogWriter:
                 if not self._waiting and self._closed:
                     return
                 if not self._closed:  # what comes behind goes out together (flush() and close() end the wait)
-                    self._cond.wait(linger)
+                    self._cond.wait(BURST_LINGER_S if self._burst else LINGER_S)
                 # More than one record in the wait: log() is called faster than every LINGER_S (a
                 # burst), so the thread wakes less often while it lasts; else a record is written soon.
                 self._burst = len(self._waiting) > 1
-                linger = BURST_LINGER_S if self._burst else LINGER_S
             self._write_waiting()
 
     def _write_waiting(self) -> None:
