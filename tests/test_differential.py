@@ -4,10 +4,13 @@ records and the same console lines."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.resources import Resource
 
 from otel_tracking import Tracking
@@ -143,3 +146,51 @@ def test_what_the_trackers_get_for_numpy_numbers_and_odd_steps(tmp_path: Path) -
         }
         assert points["train.step"] == expected and type(points["train.step"]) is int
         assert points["f32"] == float(np.float32(1.1))
+
+
+# Numbers as verl logs them (losses, rewards, counts) and at every magnitude, so both ways the
+# console writes a number are taken: one orjson call for the whole line, or repr for each.
+_typical = st.floats(-1e4, 1e4, allow_nan=False).map(lambda x: round(x, 4)) | st.floats(0, 1)
+_edges = st.sampled_from([math.nan, math.inf, -math.inf, 1e-05, -2.5e-07, 1e16, 2**64 - 1, True, False])
+_any_number = st.one_of(
+    st.floats(),
+    st.floats(-1e-3, 1e-3),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.booleans(),
+    _typical,
+    _edges,
+)
+_keys = st.text(alphabet="ab/_:- ", min_size=1, max_size=4)
+
+
+def test_the_console_writes_every_number_as_the_reference_printed_it(
+    seed, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each number as pprint wrote it in the reference: ``1e-05`` (not ``0.00001``), ``1e+16``,
+    ``nan``, ``True``, an int past 64 bits, and plain floats in between."""
+    monkeypatch.chdir(tmp_path)
+    ours = Tracking("proj", "exp", default_backend="console")
+    reference = seed.Tracking("proj", "exp", default_backend="console")
+
+    @settings(max_examples=400, deadline=None)
+    @given(
+        data=st.one_of(
+            st.dictionaries(_keys, _typical, max_size=12),  # no number that orjson writes otherwise
+            st.dictionaries(_keys, _typical | _edges, max_size=12),  # among them, one that it does
+            st.dictionaries(_keys, _any_number, max_size=12),
+        ),
+        step=st.integers(0, 10**6),
+    )
+    def check(data: dict, step: int) -> None:
+        capsys.readouterr()
+        ours.log(data, step)
+        ours_lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step:")]
+        reference.log(data, step)
+        reference_lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step:")]
+        assert ours_lines == reference_lines
+
+    try:
+        check()
+    finally:
+        ours.finish()
+        reference.finish()

@@ -11,19 +11,33 @@ import sys
 import threading
 from typing import Any, TextIO
 
+import orjson
+
 from otel_tracking.exporters._base import StepMetricExporter, StepRecord
 
 
 def format_line(record: StepRecord) -> str:
-    # pprint.pformat of an int, float, bool or numpy scalar is its repr; repr directly is ~10x cheaper.
+    # pprint.pformat of an int, float, bool or numpy scalar is its repr.
     step = record.step if record.step_as_logged is None else record.step_as_logged
-    parts = [f"step:{step}"]
+    scalars = record.scalars
     logged = record.as_logged
     if logged:  # numpy scalars as the caller gave them, as the reference printed them
-        parts.extend(f"{key}:{logged.get(key, value)!r}" for key, value in record.scalars.items())
+        texts = [repr(logged.get(key, value)) for key, value in scalars.items()]
     else:
-        parts.extend(f"{key}:{value!r}" for key, value in record.scalars.items())
-    return " - ".join(parts)
+        texts = _reprs(list(scalars.values()))
+    return " - ".join([f"step:{step}", *map(":".join, zip(scalars, texts, strict=True))])
+
+
+def _reprs(numbers: list[int | float | bool]) -> list[str]:
+    """``repr`` of each number.  One orjson call writes them all about four times faster than 200
+    ``repr`` calls, and its text is repr's wherever it has no ``e`` (an exponent, ``true``,
+    ``false``), no ``l`` (``null`` for nan and inf) and no ``0.0000`` (orjson writes ``0.00001``
+    where repr writes ``1e-05``); otherwise each number goes through ``repr``.  (Ints are within
+    64 bits here, as ``values.to_number`` leaves them, so orjson writes every one.)"""
+    text = orjson.dumps(numbers).decode()
+    if "e" in text or "l" in text or "0.0000" in text:
+        return list(map(repr, numbers))
+    return text[1:-1].split(",") if numbers else []
 
 
 class ConsoleMetricExporter(StepMetricExporter):
