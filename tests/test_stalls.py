@@ -232,9 +232,20 @@ def test_the_learned_bound_never_fires_on_a_healthy_run_whose_phases_vary_30x() 
     ]
     assert [len(found) for found in seen] == [0, 1, 0, 1, 1]
     assert [r.report for r in reports] == [1, 2, 3]
-    assert reports[0].phase == "generate" and reports[0].bound_s == bound
+    assert reports[0].phase == "generate" and reports[0].bound_s == round(bound, 3)  # as reported, to the ms
     watch.check({}, now)  # it ended: forgotten
     assert watch._due == {}
+
+
+@pytest.mark.parametrize("open_s", [2.5004, 2.4996, 3.4999, 2.0001])
+def test_the_line_on_stderr_and_the_record_say_the_same_age(open_s: float) -> None:
+    """A person reads the line, a tool the record: both from one number, also at a rounding edge."""
+    from otel_tracking.runtime.stall_report import make_stall, stall_line
+
+    span = _span_started(TracerProvider(), "update_actor", 1)
+    stall = make_stall("update_actor", [(open_s, span, None)], 2.0, 1)
+    recorded = stall.attributes()["ml.stall.open_s"]
+    assert f"open {recorded:.0f} s (bound 2 s)" in stall_line(stall, {})
 
 
 def test_the_trackers_show_a_stall_the_way_their_users_watch_for_one(

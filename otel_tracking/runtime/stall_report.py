@@ -124,8 +124,8 @@ class Stall:
     def attributes(self) -> dict[str, Any]:
         found: dict[str, Any] = {
             semconv.PHASE: self.phase,
-            "ml.stall.open_s": round(self.open_s, 3),
-            "ml.stall.bound_s": round(self.bound_s, 3),
+            "ml.stall.open_s": self.open_s,
+            "ml.stall.bound_s": self.bound_s,
             "ml.stall.report": self.report,
             "ml.stall.spans": self.spans,
         }
@@ -247,8 +247,10 @@ def make_stall(phase: str, stuck: list[tuple[float, Any, int | None]], bound_s: 
         phase=safe_phase,
         step=int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None,
         lane=None if lane is None else safe_text(lane),
-        open_s=open_s,
-        bound_s=bound_s,
+        # to the millisecond once, so the record and the line on stderr say the same number
+        # (rounding 2.5004 to 2.5 for the record and to "3 s" for the line once told them apart)
+        open_s=round(open_s, 3),
+        bound_s=round(bound_s, 3),
         report=number,
         thread_id=thread_id,
         thread_name=None if thread_name is None else safe_text(thread_name),
