@@ -39,8 +39,8 @@ from otel_tracking.bridges.wire import (
 )
 from otel_tracking.config.run_config import RunConfig
 from otel_tracking.config.settings import Settings
-from otel_tracking.delivery.pipeline import PROGRESS_AFTER_S, Sink
-from otel_tracking.delivery.reader import LogReader
+from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.delivery.reader import LogReader, drain_readers
 from otel_tracking.delivery.spool import next_part
 
 logger = logging.getLogger("otel_tracking")
@@ -204,18 +204,7 @@ def _finish(trackers: dict[str, _Tracker], exit_code: int, stall_s: float, wait_
         with tracker.lock:
             tracker.finishing = True
     readers = [tracker.reader for tracker in trackers.values() if tracker.reader is not None]
-    next_line = since + PROGRESS_AFTER_S
-    for reader in readers:
-        while reader.drain(stall_s, since, wait_s=max(0.0, next_line - time.monotonic())) == "moving":
-            next_line = time.monotonic() + PROGRESS_AFTER_S
-            logger.warning(
-                "otel-tracking: finishing for %.0f s: still delivering to %s; waiting while they make progress "
-                "(what a backend that delivers nothing for %g s still holds is spooled)",
-                time.monotonic() - since,
-                ", ".join(r.sink.name for r in readers if not r.done),
-                stall_s,
-            )
-        reader.stop()
+    drain_readers(readers, stall_s, since)
     unended = []
     for name, tracker in trackers.items():
         if tracker.reader is None:

@@ -32,7 +32,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_tracking.config.policy import Policy
 from otel_tracking.delivery.codec import DECODERS, ENCODERS
-from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.delivery.pipeline import PROGRESS_AFTER_S, Sink
 from otel_tracking.delivery.position import LogPosition, Settled
 from otel_tracking.delivery.spool import (
     CUT_SHORT,
@@ -474,6 +474,10 @@ class LogReader:
         """The reader's thread has ended (or never started)."""
         return self._thread is None or not self._thread.is_alive()
 
+    def writer_finished(self) -> None:
+        """Nothing more will be appended: the reader stops once it reached the end."""
+        self._writer_done.set()
+
     def drain(self, stall_s: float, since: float, wait_s: float = math.inf) -> str:
         """Nothing more will be appended: wait until the reader reached the end, for as long as
         the tracker makes progress; "drained", "stalled" once it took nothing for ``stall_s``
@@ -499,6 +503,27 @@ class LogReader:
         self._writer_done.set()
         if self._thread is not None:
             self._thread.join(0.1)
+
+
+def drain_readers(readers: Sequence[LogReader], stall_s: float, since: float) -> None:
+    """Nothing more will be appended to these logs: wait for every reader, each for as long as
+    its tracker makes progress (``LogReader.drain``), then stop it.  All are told first, so that
+    they reach their ends side by side, not one after the other.  Every ``PROGRESS_AFTER_S`` one
+    line says which trackers are still taking what is left."""
+    for reader in readers:
+        reader.writer_finished()
+    next_line = since + PROGRESS_AFTER_S
+    for reader in readers:
+        while reader.drain(stall_s, since, wait_s=max(0.0, next_line - time.monotonic())) == "moving":
+            next_line = time.monotonic() + PROGRESS_AFTER_S
+            logger.warning(
+                "otel-tracking: finishing for %.0f s: still delivering to %s; waiting while they make progress "
+                "(what a backend that delivers nothing for %g s still holds is spooled)",
+                time.monotonic() - since,
+                ", ".join(r.sink.name for r in readers if not r.done),
+                stall_s,
+            )
+        reader.stop()
 
 
 def _hurry() -> bool:

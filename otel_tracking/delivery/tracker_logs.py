@@ -22,8 +22,8 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 
 from otel_tracking.config.settings import Settings
-from otel_tracking.delivery.pipeline import PROGRESS_AFTER_S, Sink, logger
-from otel_tracking.delivery.reader import LogReader, pending_items, remove_if_delivered
+from otel_tracking.delivery.pipeline import Sink
+from otel_tracking.delivery.reader import LogReader, drain_readers, pending_items, remove_if_delivered
 from otel_tracking.delivery.spool import LogWriter, Spool, sink_spool
 
 
@@ -125,18 +125,7 @@ class LocalTrackers:
             self._finished = True
         since = time.monotonic()
         self.writer.close(timeout_s)
-        next_line = since + PROGRESS_AFTER_S
-        for reader in self.readers.values():
-            while reader.drain(timeout_s, since, wait_s=max(0.0, next_line - time.monotonic())) == "moving":
-                next_line = time.monotonic() + PROGRESS_AFTER_S
-                logger.warning(
-                    "otel-tracking: finishing for %.0f s: still delivering to %s; waiting while they make "
-                    "progress (what a backend that delivers nothing for %g s still holds is spooled)",
-                    time.monotonic() - since,
-                    ", ".join(r.sink.name for r in self.readers.values() if not r.done),
-                    timeout_s,
-                )
-            reader.stop()
+        drain_readers(list(self.readers.values()), timeout_s, since)
         for sink in self.sinks:
             count_from_log(sink, self.writer)
             close_log(sink.name, self.writer, ended=sink.name in self.readers, exit_code=exit_code)
