@@ -483,7 +483,7 @@ class LogReader:
         the tracker makes progress; "drained", "stalled" once it took nothing for ``stall_s``
         (counted from its last progress or ``since``, whichever is later), or "moving" when
         ``wait_s`` passed first."""
-        self._writer_done.set()
+        self.writer_finished()
         until = time.monotonic() + wait_s
         while not self.done:
             assert self._thread is not None
